@@ -1,0 +1,64 @@
+#include "common/flags.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Parsed {
+  int64_t tokens = 3;
+  bool async = true;
+  std::string name = "x";
+  double temperature = 1.0;
+};
+
+FlagParser MakeParser(Parsed* p) {
+  FlagParser flags("prog", "test");
+  flags.AddInt("max-tokens", &p->tokens, "tokens", 1, 100);
+  flags.AddBool("async-scheduling", &p->async, "async");
+  flags.AddString("name", &p->name, "name");
+  flags.AddDouble("temperature", &p->temperature, "t");
+  return flags;
+}
+
+TEST(FlagParserTest, ParsesBothSpellingsAndNegation) {
+  Parsed p;
+  FlagParser flags = MakeParser(&p);
+  ASSERT_TRUE(flags.Parse({"--max-tokens=7", "--name", "abc", "--no-async-scheduling",
+                           "--temperature", "0.5"})
+                  .ok());
+  EXPECT_EQ(p.tokens, 7);
+  EXPECT_EQ(p.name, "abc");
+  EXPECT_FALSE(p.async);
+  EXPECT_DOUBLE_EQ(p.temperature, 0.5);
+}
+
+TEST(FlagParserTest, ErrorsNameTheFlag) {
+  Parsed p;
+  FlagParser flags = MakeParser(&p);
+  absl::Status s = flags.Parse({"--max-tokens", "abc"});
+  EXPECT_THAT(s.message(), HasSubstr("--max-tokens expects an integer"));
+  s = MakeParser(&p).Parse({"--max-tokens=0"});
+  EXPECT_THAT(s.message(), HasSubstr("--max-tokens must be in [1, 100]"));
+  s = MakeParser(&p).Parse({"--bogus=1"});
+  EXPECT_THAT(s.message(), HasSubstr("unknown flag --bogus"));
+  s = MakeParser(&p).Parse({"--name"});
+  EXPECT_THAT(s.message(), HasSubstr("--name needs a value"));
+  s = MakeParser(&p).Parse({"positional"});
+  EXPECT_THAT(s.message(), HasSubstr("unexpected argument"));
+  EXPECT_EQ(p.tokens, 3);
+}
+
+TEST(FlagParserTest, HelpIsReported) {
+  Parsed p;
+  FlagParser flags = MakeParser(&p);
+  ASSERT_TRUE(flags.Parse({"--help"}).ok());
+  EXPECT_TRUE(flags.help_requested());
+  EXPECT_THAT(flags.Usage(), HasSubstr("--max-tokens VALUE"));
+}
+
+}  // namespace
+}  // namespace tandem
