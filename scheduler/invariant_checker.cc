@@ -32,7 +32,7 @@ absl::Status CheckRequest(const Scheduler& s, const Request& r, const InFlightTa
     return Violation(r, "counter out of range");
   }
   if (!config.async_scheduling && ph != 0) return Violation(r, "placeholder without async scheduling");
-  if (r.num_output_tokens() + ph > r.sampling().max_tokens) return Violation(r, "scheduled past max_tokens");
+  if (r.num_output_tokens() + ph > r.max_tokens()) return Violation(r, "scheduled past max_tokens");
   if (N + ph > config.max_model_len) return Violation(r, "scheduled past max_model_len");
   if (r.num_in_flight_tokens != tally.tokens) {
     return Violation(r, absl::StrCat("IF disagrees with the ", tally.tokens, " tokens in flight"));

@@ -8,6 +8,7 @@ namespace tandem::scheduler {
 
 KvCacheManager::KvCacheManager(const EngineConfig& config)
     : block_size_(config.block_size),
+      block_shift_(__builtin_ctz(static_cast<unsigned>(config.block_size))),
       max_model_len_(config.max_model_len),
       enable_caching_(config.enable_prefix_caching),
       watermark_blocks_(config.WatermarkBlocks()),
@@ -35,6 +36,14 @@ bool KvCacheManager::AllocateSlots(Request& request, int32_t num_new_tokens,
   TANDEM_DCHECK(num_new_tokens > 0);
   TANDEM_DCHECK(hit_blocks.empty() || request.blocks.empty());
   const int32_t owned = static_cast<int32_t>(request.blocks.size());
+  // Fast path, most decode steps: the tokens fit in blocks the request owns.
+  if (hit_blocks.empty() && !full_sequence_must_fit &&
+      BlocksFor(std::min(request.num_computed_tokens + num_new_tokens, max_model_len_)) <= owned) {
+    if (enable_caching_) {
+      CacheBlocks(request, std::min(request.num_computed_tokens + num_new_tokens, request.num_tokens()));
+    }
+    return true;
+  }
   const int32_t num_hits = static_cast<int32_t>(hit_blocks.size());
   const int32_t total_computed =
       std::min(request.num_computed_tokens + num_hits * block_size_, max_model_len_);

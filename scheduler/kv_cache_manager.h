@@ -61,7 +61,7 @@ class KvCacheManager {
   void FreeDetached(absl::Span<const BlockId> blocks) { pool_.FreeBlocksTailFirst(blocks); }
 
   int32_t BlocksFor(int64_t num_tokens) const {
-    return static_cast<int32_t>((num_tokens + block_size_ - 1) / block_size_);
+    return static_cast<int32_t>((num_tokens + block_size_ - 1) >> block_shift_);
   }
   int32_t block_size() const { return block_size_; }
   const BlockPool& pool() const { return pool_; }
@@ -70,6 +70,7 @@ class KvCacheManager {
 
  private:
   const int32_t block_size_;
+  const int32_t block_shift_;  // log2(block_size_)
   const int32_t max_model_len_;
   const bool enable_caching_;
   const int32_t watermark_blocks_;

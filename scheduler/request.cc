@@ -57,23 +57,25 @@ const char* RequestStatusName(RequestStatus status) {
 
 Request::Request(RequestSpec spec, uint64_t arrival_seq, int32_t block_size, uint64_t hash_seed)
     : id_(spec.id),
+      num_prompt_tokens_(static_cast<int32_t>(spec.prompt_token_ids.size())),
+      max_tokens_(spec.sampling.max_tokens),
+      all_token_ids_(std::move(spec.prompt_token_ids)),
+      grammar_(std::move(spec.grammar)),
+      block_size_(block_size),
+      hash_seed_(hash_seed),
       priority_(spec.priority),
       arrival_seq_(arrival_seq),
       sampling_(std::move(spec.sampling)),
-      cache_salt_(std::move(spec.cache_salt)),
-      grammar_(std::move(spec.grammar)),
-      num_prompt_tokens_(static_cast<int32_t>(spec.prompt_token_ids.size())),
-      all_token_ids_(std::move(spec.prompt_token_ids)),
-      block_size_(block_size),
-      hash_seed_(hash_seed) {
+      cache_salt_(std::move(spec.cache_salt)) {
   // Room for every output up front: appends on the hot path never reallocate.
-  all_token_ids_.reserve(static_cast<size_t>(num_prompt_tokens_) + sampling_.max_tokens);
+  all_token_ids_.reserve(static_cast<size_t>(num_prompt_tokens_) + max_tokens_);
   HashNewFullBlocks();
 }
 
 void Request::AppendOutputToken(TokenId token) {
   all_token_ids_.push_back(token);
-  if (block_size_ > 0 && all_token_ids_.size() % block_size_ == 0) HashNewFullBlocks();
+  // block_size_ is a power of two (EngineConfig::Validate).
+  if (block_size_ > 0 && (all_token_ids_.size() & (block_size_ - 1)) == 0) HashNewFullBlocks();
 }
 
 void Request::HashNewFullBlocks() {

@@ -46,6 +46,12 @@ inline bool IsFinished(RequestStatus status) { return status > RequestStatus::kP
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
 
+// Where a request lives in the scheduler's RequestTable (see request_table.h).
+struct RequestHandle {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+};
+
 FinishReason FinishReasonOf(RequestStatus status);
 const char* FinishReasonName(FinishReason reason);
 const char* RequestStatusName(RequestStatus status);
@@ -79,6 +85,7 @@ class Request {
   int32_t num_prompt_tokens() const { return num_prompt_tokens_; }
   int32_t num_tokens() const { return static_cast<int32_t>(all_token_ids_.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens_; }
+  int32_t max_tokens() const { return max_tokens_; }
   absl::Span<const TokenId> all_token_ids() const { return all_token_ids_; }
   absl::Span<const TokenId> prompt_token_ids() const {
     return absl::MakeConstSpan(all_token_ids_).subspan(0, num_prompt_tokens_);
@@ -95,38 +102,46 @@ class Request {
 
   bool is_finished() const { return IsFinished(status); }
 
+  // Layout: what every step reads comes first, so a step touches one or two
+  // cache lines per request (scheduler_bench).
+ private:
+  const RequestId id_;
+  const int32_t num_prompt_tokens_;
+  const int32_t max_tokens_;
+  std::vector<TokenId> all_token_ids_;
+  std::unique_ptr<Grammar> grammar_;
+
+ public:
   // --- counters, written by the Scheduler only ---
   RequestStatus status = RequestStatus::kWaiting;
   int32_t num_computed_tokens = 0;       // C
   int32_t num_output_placeholders = 0;   // ph
   int32_t num_in_flight_tokens = 0;      // IF
   int32_t num_stale_output_tokens = 0;   // ST
-  bool drop_stale_output = false;        // stale output discarded instead of delivered
   bool is_prefill_chunk = false;         // the last scheduled step did not sample
-  int64_t next_decode_eligible_step = 0;  // pipeline cadence (ARCHITECTURE §7)
+  RequestHandle handle;                  // stamped by the RequestTable
   StepSeq last_sched_seq = 0;            // fence: newest step that scheduled this request
-  int32_t num_preemptions = 0;
-  std::optional<TokenId> stop_reason;    // the stop token that finished it, if any
-  std::string error_message;             // why it finished with kFinishedError
+  int64_t next_decode_eligible_step = 0;  // pipeline cadence (ARCHITECTURE §7)
 
   // --- KV bookkeeping, written by the KvCacheManager only ---
   std::vector<BlockId> blocks;        // block i holds positions [i*B, (i+1)*B)
   int32_t num_cached_blocks = 0;      // leading blocks registered in the prefix cache
 
+  // --- rarely touched ---
+  int32_t num_preemptions = 0;
+  std::optional<TokenId> stop_reason;    // the stop token that finished it, if any
+  std::string error_message;             // why it finished with kFinishedError
+
  private:
   void HashNewFullBlocks();
 
-  const RequestId id_;
+  const int32_t block_size_;  // 0: no hashing
+  const uint64_t hash_seed_;
+  std::vector<BlockHash> block_hashes_;
   const int32_t priority_;
   const uint64_t arrival_seq_;
   const SamplingParams sampling_;
   const std::string cache_salt_;
-  std::unique_ptr<Grammar> grammar_;
-  const int32_t num_prompt_tokens_;
-  std::vector<TokenId> all_token_ids_;
-  const int32_t block_size_;
-  const uint64_t hash_seed_;
-  std::vector<BlockHash> block_hashes_;
 };
 
 }  // namespace tandem::scheduler

@@ -63,20 +63,17 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec) const {
 
 absl::Status Scheduler::AddRequest(RequestSpec spec) {
   TANDEM_RETURN_IF_ERROR(ValidateRequest(spec));
-  const RequestId id = spec.id;
   auto request = std::make_unique<Request>(
       std::move(spec), next_arrival_seq_++, config_.enable_prefix_caching ? config_.block_size : 0,
       config_.prefix_cache_hash_seed);
-  waiting_.Add(request.get());
-  requests_.emplace(id, std::move(request));
+  waiting_.Add(requests_.Insert(std::move(request)));
   return absl::OkStatus();
 }
 
 void Scheduler::AbortRequests(absl::Span<const RequestId> ids, std::vector<RequestOutput>* outputs) {
   for (RequestId id : ids) {
-    auto it = requests_.find(id);
-    if (it == requests_.end() || it->second->is_finished()) continue;
-    Request* request = it->second.get();
+    Request* request = requests_.Find(id);
+    if (request == nullptr) continue;
     if (request->status == RequestStatus::kRunning) {
       running_.erase(std::find(running_.begin(), running_.end(), request));
     } else if (!waiting_.Remove(request)) {
@@ -87,7 +84,7 @@ void Scheduler::AbortRequests(absl::Span<const RequestId> ids, std::vector<Reque
     out.id = id;
     out.finish_reason = FinishReason::kAbort;
     out.num_output_tokens = request->num_output_tokens();
-    requests_.erase(it);
+    requests_.Erase(request);
   }
 }
 
@@ -167,25 +164,24 @@ GrammarOutput Scheduler::GetGrammarBitmask(const SchedulerOutput& step) const {
   out.words_per_row = (config_.vocab_size + 31) / 32;
   for (const ScheduledRequest& row : step.scheduled) {
     if (!row.samples) continue;
-    auto it = requests_.find(row.id);
-    if (it == requests_.end() || !it->second->uses_structured_output()) continue;
+    const Request* r = requests_.Resolve(row.handle);
+    if (r == nullptr || !r->uses_structured_output()) continue;
     out.request_ids.push_back(row.id);
     out.bitmask.resize(out.bitmask.size() + out.words_per_row, 0);
     auto mask = absl::MakeSpan(out.bitmask).subspan(out.bitmask.size() - out.words_per_row);
-    it->second->grammar()->FillBitmask(mask, config_.vocab_size);
+    r->grammar()->FillBitmask(mask, config_.vocab_size);
   }
   return out;
 }
 
 const Request* Scheduler::FindRequest(RequestId id) const {
-  auto it = requests_.find(id);
-  return it == requests_.end() ? nullptr : it->second.get();
+  return requests_.Find(id);
 }
 
 std::vector<const Request*> Scheduler::AllRequests() const {
   std::vector<const Request*> all;
   all.reserve(requests_.size());
-  for (const auto& [id, request] : requests_) all.push_back(request.get());
+  requests_.ForEach([&all](const Request& r) { all.push_back(&r); });
   return all;
 }
 

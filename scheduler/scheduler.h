@@ -34,6 +34,7 @@
 #include "scheduler/kv_cache_manager.h"
 #include "scheduler/request.h"
 #include "scheduler/request_queue.h"
+#include "scheduler/request_table.h"
 #include "scheduler/scheduler_output.h"
 
 namespace tandem::scheduler {
@@ -119,8 +120,9 @@ class Scheduler {
   explicit Scheduler(const EngineConfig& config);
 
   absl::Status ValidateRequest(const RequestSpec& spec) const;
-  // Pass 1: running requests; sets *preempted if it had to preempt.
-  void ScheduleRunning(int32_t* token_budget, std::vector<Planned>* planned, bool* preempted);
+  // Pass 1: running requests; sets *pool_exhausted if one could not get the
+  // blocks it needed (and preempted, or waits for fenced blocks).
+  void ScheduleRunning(int32_t* token_budget, std::vector<Planned>* planned, bool* pool_exhausted);
   void ScheduleWaiting(int32_t* token_budget, std::vector<Planned>* planned);
   // Picks and preempts a victim so that `current` (at *index in running_)
   // may allocate; FCFS takes the newest admission, priority the least
@@ -155,7 +157,7 @@ class Scheduler {
   const bool defer_block_free_;
   KvCacheManager kv_;
 
-  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
+  RequestTable requests_;              // every unfinished request
   std::vector<Request*> running_;       // admission order
   RequestQueue waiting_;
   RequestQueue skipped_waiting_;        // skipped in a waiting pass, tried first

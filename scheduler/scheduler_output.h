@@ -64,6 +64,9 @@ struct ScheduledRequest {
   // Kept for validating the model runner's answer; the worker derives the
   // same bit from the same rule.
   bool samples = false;
+  // Engine-internal: resolves the row to its request without a lookup. Not
+  // sent on the wire.
+  RequestHandle handle;
 };
 
 struct SchedulerOutput {

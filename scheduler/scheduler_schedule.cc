@@ -15,10 +15,11 @@ SchedulerOutput Scheduler::Schedule() {
   std::vector<Planned> planned;
   planned.reserve(running_.size() + 4);
 
-  bool preempted = false;
-  ScheduleRunning(&token_budget, &planned, &preempted);
-  // No admissions in a step that had to preempt: the pool is under pressure.
-  if (!preempted) ScheduleWaiting(&token_budget, &planned);
+  bool pool_exhausted = false;
+  ScheduleRunning(&token_budget, &planned, &pool_exhausted);
+  // No admissions in a step where a running request could not get a block:
+  // what is free belongs to the running requests first.
+  if (!pool_exhausted) ScheduleWaiting(&token_budget, &planned);
 
   for (const Planned& p : planned) out.total_num_scheduled_tokens += p.num_tokens;
   TANDEM_DCHECK(out.total_num_scheduled_tokens <= config_.max_num_batched_tokens);
@@ -44,13 +45,13 @@ int32_t Scheduler::CapTokens(const Request& request, int32_t gap, int32_t token_
 }
 
 void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* planned,
-                                bool* preempted) {
+                                bool* pool_exhausted) {
   size_t i = 0;
   while (i < running_.size() && *token_budget > 0) {
     Request* r = running_[i];
     // Exact at any queue depth (ARCHITECTURE §4.4): when committed outputs plus
     // placeholders reach max_tokens, every remaining token is already in flight.
-    if (r->num_output_tokens() + r->num_output_placeholders >= r->sampling().max_tokens ||
+    if (r->num_output_tokens() + r->num_output_placeholders >= r->max_tokens() ||
         current_step_ < r->next_decode_eligible_step) {
       ++i;
       continue;
@@ -64,7 +65,13 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     const int32_t first_new_block = static_cast<int32_t>(r->blocks.size());
     bool allocated = true;
     while (!kv_.AllocateSlots(*r, n, {}, /*full_sequence_must_fit=*/false, /*apply_watermark=*/false)) {
-      *preempted = true;
+      *pool_exhausted = true;
+      // Blocks freed earlier are still fenced by steps in flight and come
+      // back without preempting anyone else; preempting now would cascade.
+      if (!deferred_frees_.empty()) {
+        allocated = false;
+        break;
+      }
       const Request* victim = nullptr;
       const bool freed_now = PreemptOne(r, &i, token_budget, planned, &victim);
       // A victim whose blocks wait behind a fence frees nothing now: retrying
@@ -199,7 +206,7 @@ void Scheduler::UpdateAfterSchedule(const std::vector<Planned>& planned, Schedul
     r->num_in_flight_tokens += p.num_tokens;
     r->last_sched_seq = out->step_seq;
     r->is_prefill_chunk = !samples;
-    out->scheduled.push_back({r->id(), p.num_tokens, samples});
+    out->scheduled.push_back({r->id(), p.num_tokens, samples, r->handle});
     if (!samples) continue;
     out->has_structured_output_requests |= r->uses_structured_output();
     if (!config_.async_scheduling) continue;

@@ -62,6 +62,9 @@ int32_t ScheduledTokens(const SchedulerOutput& step, RequestId id) {
   return 0;
 }
 
+// Far more than any test workload needs: beyond it the engine is livelocked.
+constexpr int64_t kMaxIterations = 100000;
+
 WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrivals,
                         FakeExecutorOptions executor_options,
                         const std::map<int64_t, std::vector<RequestId>>& aborts) {
@@ -107,8 +110,9 @@ WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrival
     // An iteration that neither launches nor completes a step makes no
     // progress; a few in a row (waiting for arrivals aside) is a stall.
     idle = (result->executed || result->updated || next < arrivals.size()) ? 0 : idle + 1;
-    if (idle > 3) {
-      ADD_FAILURE() << "engine stalled with " << scheduler->num_requests() << " requests";
+    if (idle > 3 || it > kMaxIterations) {
+      ADD_FAILURE() << "engine stalled with " << scheduler->num_requests() << " requests after " << it
+                    << " iterations (" << scheduler->stats().num_preemptions << " preemptions)";
       return run;
     }
     run.iterations = it + 1;

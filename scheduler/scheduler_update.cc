@@ -22,13 +22,12 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
   std::vector<std::pair<Request*, RequestStatus>> finished;
   for (size_t row = 0; row < step.scheduled.size(); ++row) {
     const ScheduledRequest& scheduled = step.scheduled[row];
-    auto it = requests_.find(scheduled.id);
-    if (it == requests_.end()) {
+    Request* r = requests_.Resolve(scheduled.handle);
+    if (r == nullptr) {
       // Finished or aborted while this step was in flight: its work is wasted.
       ++stats_.num_wasted_steps;
       continue;
     }
-    Request* r = it->second.get();
     r->num_in_flight_tokens -= scheduled.num_tokens;
     TANDEM_CHECK(r->num_in_flight_tokens >= 0) << "in-flight underflow for request " << r->id();
     // Stale and in-flight tokens drain in lockstep; a step scheduled before
@@ -106,7 +105,7 @@ void Scheduler::RemoveFinished(const std::vector<std::pair<Request*, RequestStat
                                   [](const Request* r) { return r->is_finished(); }),
                    running_.end());
   }
-  for (const auto& entry : finished) requests_.erase(entry.first->id());
+  for (const auto& entry : finished) requests_.Erase(entry.first);
 }
 
 }  // namespace tandem::scheduler

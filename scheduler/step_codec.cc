@@ -96,6 +96,11 @@ absl::StatusOr<SchedulerOutput> DecodeSchedulerOutput(const v1::SchedulerOutput&
     data.structured_output = r.sampling().structured_output();
     data.block_ids = ToVector(r.block_ids());
     data.num_computed_tokens = r.num_computed_tokens();
+    if (data.prompt_token_ids.empty()) return Malformed("a new request without prompt tokens");
+    if (data.num_computed_tokens < 0 ||
+        data.num_computed_tokens >= static_cast<int32_t>(data.prompt_token_ids.size())) {
+      return Malformed("a new request's num_computed_tokens is outside its prompt");
+    }
   }
   const v1::CachedRequests& c = in.cached_requests();
   const int n = c.request_ids_size();
@@ -109,6 +114,7 @@ absl::StatusOr<SchedulerOutput> DecodeSchedulerOutput(const v1::SchedulerOutput&
   int num_resumed = 0;
   int64_t offset = 0;
   for (int i = 0; i < n; ++i) {
+    if (c.num_computed_tokens(i) < 0) return Malformed("negative num_computed_tokens");
     cached.resumed.push_back(c.resumed(i) ? 1 : 0);
     num_resumed += c.resumed(i) ? 1 : 0;
     if (c.num_new_block_ids(i) < 0) return Malformed("negative block count");
@@ -124,6 +130,9 @@ absl::StatusOr<SchedulerOutput> DecodeSchedulerOutput(const v1::SchedulerOutput&
     CachedRequestData::Resumed& resumed = cached.resumed_requests.emplace_back();
     resumed.token_ids = ToVector(c.resumed_token_ids(i).token_ids());
     resumed.num_prompt_tokens = c.resumed_num_prompt_tokens(i);
+    if (resumed.num_prompt_tokens < 1 || resumed.num_prompt_tokens > static_cast<int32_t>(resumed.token_ids.size())) {
+      return Malformed("a resumed request's prompt length is outside its token list");
+    }
     resumed.sampling = DecodeSamplingParams(c.resumed_sampling(i));
     resumed.structured_output = c.resumed_sampling(i).structured_output();
   }

@@ -1,1 +1,40 @@
-int main() { return 0; }
+// tandem: the command-line entry point. `tandem <command> [flags]`.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/tandem/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  trace     walk one request through the real scheduler and engine loop\n"
+    "            (fake model) and print every schedule, output and discard\n"
+    "  version   print the version and the build's accelerator support\n"
+    "\n"
+    "`tandem <command> --help` lists a command's flags.\n";
+
+int PrintVersion() {
+  std::printf("tandem %s (CUDA %s, NCCL %s)\n", TANDEM_VERSION, TANDEM_HAVE_CUDA ? "yes" : "no",
+              TANDEM_HAVE_NCCL ? "yes" : "no");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "trace") return tandem::tools::RunTrace(args);
+  if (command == "version" || command == "--version") return PrintVersion();
+  std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}
