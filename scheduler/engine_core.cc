@@ -50,6 +50,7 @@ absl::Status EngineCore::CollectOldest(EngineStepResult* result) {
   in_flight_.pop_front();
   auto outputs = absl::MakeConstSpan(result->outputs).subspan(first);
   for (StepObserver* observer : observers_) observer->OnUpdated(*this, done, output, outputs);
+  scheduler_->Recycle(std::move(done));
 
   if (awaiting_sample_ && !in_flight_.empty() && in_flight_.front().step_seq == *awaiting_sample_) {
     TANDEM_RETURN_IF_ERROR(SampleStep(in_flight_.front()));

@@ -30,20 +30,12 @@ int32_t KvCacheManager::FindCachedPrefix(const Request& request,
   return static_cast<int32_t>(hit_blocks->size()) * block_size_;
 }
 
-bool KvCacheManager::AllocateSlots(Request& request, int32_t num_new_tokens,
-                                   absl::Span<const BlockId> hit_blocks, bool full_sequence_must_fit,
-                                   bool apply_watermark) {
+bool KvCacheManager::AllocateSlotsSlow(Request& request, int32_t num_new_tokens,
+                                       absl::Span<const BlockId> hit_blocks, bool full_sequence_must_fit,
+                                       bool apply_watermark) {
   TANDEM_DCHECK(num_new_tokens > 0);
   TANDEM_DCHECK(hit_blocks.empty() || request.blocks.empty());
   const int32_t owned = static_cast<int32_t>(request.blocks.size());
-  // Fast path, most decode steps: the tokens fit in blocks the request owns.
-  if (hit_blocks.empty() && !full_sequence_must_fit &&
-      BlocksFor(std::min(request.num_computed_tokens + num_new_tokens, max_model_len_)) <= owned) {
-    if (enable_caching_) {
-      CacheBlocks(request, std::min(request.num_computed_tokens + num_new_tokens, request.num_tokens()));
-    }
-    return true;
-  }
   const int32_t num_hits = static_cast<int32_t>(hit_blocks.size());
   const int32_t total_computed =
       std::min(request.num_computed_tokens + num_hits * block_size_, max_model_len_);
@@ -69,16 +61,13 @@ bool KvCacheManager::AllocateSlots(Request& request, int32_t num_new_tokens,
   }
   const int32_t fresh = BlocksFor(slots) - static_cast<int32_t>(request.blocks.size());
   if (fresh > 0) pool_.AllocateBlocks(fresh, &request.blocks);
-  if (enable_caching_) {
-    CacheBlocks(request, std::min(total_computed + num_new_tokens, request.num_tokens()));
-  }
+  CacheBlocks(request, std::min(total_computed + num_new_tokens, request.num_tokens()));
   return true;
 }
 
-void KvCacheManager::CacheBlocks(Request& request, int32_t num_tokens) {
-  if (!enable_caching_) return;
+void KvCacheManager::CacheNewFullBlocks(Request& request, int32_t num_tokens) {
   TANDEM_DCHECK(num_tokens <= request.num_tokens());
-  const int32_t full = std::min<int32_t>(num_tokens / block_size_, request.blocks.size());
+  const int32_t full = std::min<int32_t>(num_tokens >> block_shift_, request.blocks.size());
   const auto& hashes = request.block_hashes();
   for (int32_t i = request.num_cached_blocks; i < full; ++i) {
     pool_.CacheBlock(request.blocks[i], hashes[i]);

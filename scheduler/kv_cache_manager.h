@@ -10,6 +10,7 @@
 #ifndef TANDEM_SCHEDULER_KV_CACHE_MANAGER_H_
 #define TANDEM_SCHEDULER_KV_CACHE_MANAGER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -48,10 +49,24 @@ class KvCacheManager {
   // will have computed (up to min(C + hit + new, N)) in the prefix cache.
   bool AllocateSlots(Request& request, int32_t num_new_tokens,
                      absl::Span<const BlockId> hit_blocks, bool full_sequence_must_fit,
-                     bool apply_watermark);
+                     bool apply_watermark) {
+    // Inline fast path, most decode steps: the tokens fit in blocks the
+    // request owns, and at most the committed frontier moves.
+    const int32_t end = request.num_computed_tokens + num_new_tokens;
+    if (hit_blocks.empty() && !full_sequence_must_fit &&
+        BlocksFor(std::min(end, max_model_len_)) <= static_cast<int32_t>(request.blocks.size())) {
+      CacheBlocks(request, std::min(end, request.num_tokens()));
+      return true;
+    }
+    return AllocateSlotsSlow(request, num_new_tokens, hit_blocks, full_sequence_must_fit, apply_watermark);
+  }
 
   // Registers the request's full blocks up to `num_tokens` (<= N) tokens.
-  void CacheBlocks(Request& request, int32_t num_tokens);
+  void CacheBlocks(Request& request, int32_t num_tokens) {
+    if (enable_caching_ && (num_tokens >> block_shift_) > request.num_cached_blocks) {
+      CacheNewFullBlocks(request, num_tokens);
+    }
+  }
 
   // Returns the request's blocks to the pool now, tail first.
   void Free(Request& request);
@@ -69,6 +84,10 @@ class KvCacheManager {
   const PrefixCacheStats& prefix_cache_stats() const { return stats_; }
 
  private:
+  bool AllocateSlotsSlow(Request& request, int32_t num_new_tokens, absl::Span<const BlockId> hit_blocks,
+                         bool full_sequence_must_fit, bool apply_watermark);
+  void CacheNewFullBlocks(Request& request, int32_t num_tokens);
+
   const int32_t block_size_;
   const int32_t block_shift_;  // log2(block_size_)
   const int32_t max_model_len_;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/types.h"
 #include "scheduler/block_hash.h"
@@ -130,7 +131,7 @@ class Request {
   // --- rarely touched ---
   int32_t num_preemptions = 0;
   std::optional<TokenId> stop_reason;    // the stop token that finished it, if any
-  std::string error_message;             // why it finished with kFinishedError
+  absl::Status error;                    // why it finished with kFinishedError
 
  private:
   void HashNewFullBlocks();

@@ -85,6 +85,10 @@ class Scheduler {
   void UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerOutput& result,
                         std::vector<RequestOutput>* outputs);
 
+  // Hands back a step whose update is done, so its buffers serve a later
+  // step instead of being allocated again (optional; saves time per step).
+  void Recycle(SchedulerOutput&& step);
+
   // Masks for the structured-output rows of `step`, from each grammar's
   // current state (which must have seen every earlier token).
   GrammarOutput GetGrammarBitmask(const SchedulerOutput& step) const;
@@ -132,8 +136,13 @@ class Scheduler {
                   std::vector<Planned>* planned, const Request** victim);
   int32_t CapTokens(const Request& request, int32_t gap, int32_t token_budget) const;
   RequestQueue& SelectWaitingQueue();
-  void BuildOutput(const std::vector<Planned>& planned, SchedulerOutput* out) const;
-  void UpdateAfterSchedule(const std::vector<Planned>& planned, SchedulerOutput* out);
+  // Writes the planned requests into `out` (new, cached and scheduled lists)
+  // and advances their counters: C, IF, the fence, and in async mode a
+  // placeholder for each sampling row.
+  void EmitStep(const std::vector<Planned>& planned, SchedulerOutput* out);
+  static void AddCachedEntry(const Request& r, absl::Span<const BlockId> new_blocks, bool resumed,
+                             CachedRequestData* cached);
+  void AdvanceScheduled(Request* r, int32_t num_tokens, SchedulerOutput* out);
 
   void Preempt(Request* request);
   // Whether the request's blocks would return to the pool now.
@@ -171,6 +180,8 @@ class Scheduler {
   uint64_t next_arrival_seq_ = 0;
   SchedulerStats stats_;
   std::vector<BlockId> hit_scratch_;
+  std::vector<Planned> planned_scratch_;
+  std::vector<SchedulerOutput> spare_outputs_;
 };
 
 }  // namespace tandem::scheduler

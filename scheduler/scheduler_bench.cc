@@ -59,6 +59,7 @@ class Workload {
     }
     outputs_.clear();
     scheduler_->UpdateFromOutput(step, result_, &outputs_);
+    scheduler_->Recycle(std::move(in_flight_.front()));
     in_flight_.pop_front();
     for (const RequestOutput& out : outputs_) {
       if (out.finished()) AddRequest();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/types.h"
 #include "scheduler/request.h"
@@ -84,6 +85,8 @@ struct SchedulerOutput {
   bool pending_structured_output_tokens = false;
 
   bool empty() const { return total_num_scheduled_tokens == 0; }
+  // Empties every list but keeps their capacity, for reuse.
+  void Clear();
 };
 
 // Packed allowed-token masks for the structured-output rows of one step.
@@ -123,7 +126,7 @@ struct RequestOutput {
   absl::InlinedVector<TokenId, 2> new_token_ids;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<TokenId> stop_reason;
-  std::string error_message;  // set with FinishReason::kError
+  absl::Status error;  // why, with FinishReason::kError (one word when OK)
   // Counters after this update, for tracing and metrics.
   int32_t num_output_tokens = 0;
   int32_t num_output_placeholders = 0;

@@ -10,10 +10,14 @@ namespace tandem::scheduler {
 SchedulerOutput Scheduler::Schedule() {
   ++current_step_;
   SchedulerOutput out;
+  if (!spare_outputs_.empty()) {
+    out = std::move(spare_outputs_.back());
+    spare_outputs_.pop_back();
+  }
   out.step_index = current_step_;
   int32_t token_budget = config_.max_num_batched_tokens;
-  std::vector<Planned> planned;
-  planned.reserve(running_.size() + 4);
+  std::vector<Planned>& planned = planned_scratch_;  // reused: no allocation per step
+  planned.clear();
 
   bool pool_exhausted = false;
   ScheduleRunning(&token_budget, &planned, &pool_exhausted);
@@ -27,13 +31,37 @@ SchedulerOutput Scheduler::Schedule() {
   if (out.empty()) return out;  // not executed; finished/preempted ids wait
 
   out.step_seq = ++sched_step_seq_;
-  BuildOutput(planned, &out);
   out.finished_request_ids.swap(finished_ids_);
   out.preempted_request_ids.swap(preempted_ids_);
-  UpdateAfterSchedule(planned, &out);
+  EmitStep(planned, &out);
   ++stats_.num_steps;
   stats_.num_scheduled_tokens += out.total_num_scheduled_tokens;
   return out;
+}
+
+void SchedulerOutput::Clear() {
+  step_seq = 0;
+  step_index = 0;
+  new_requests.clear();
+  cached.request_ids.clear();
+  cached.resumed.clear();
+  cached.num_computed_tokens.clear();
+  cached.new_block_offsets.assign(1, 0);
+  cached.new_block_ids.clear();
+  cached.resumed_requests.clear();
+  scheduled.clear();
+  total_num_scheduled_tokens = 0;
+  finished_request_ids.clear();
+  preempted_request_ids.clear();
+  has_structured_output_requests = false;
+  pending_structured_output_tokens = false;
+}
+
+void Scheduler::Recycle(SchedulerOutput&& step) {
+  constexpr size_t kMaxSpare = 4;
+  if (spare_outputs_.size() >= kMaxSpare) return;
+  step.Clear();
+  spare_outputs_.push_back(std::move(step));
 }
 
 int32_t Scheduler::CapTokens(const Request& request, int32_t gap, int32_t token_budget) const {
@@ -48,6 +76,8 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
                                 bool* pool_exhausted) {
   size_t i = 0;
   while (i < running_.size() && *token_budget > 0) {
+    // Requests are scattered on the heap: fetch a few ahead.
+    if (i + 4 < running_.size()) __builtin_prefetch(running_[i + 4]);
     Request* r = running_[i];
     // Exact at any queue depth (ARCHITECTURE §4.4): when committed outputs plus
     // placeholders reach max_tokens, every remaining token is already in flight.
@@ -158,64 +188,72 @@ void Scheduler::ScheduleWaiting(int32_t* token_budget, std::vector<Planned>* pla
   skipped_waiting_.PrependAll(skipped);
 }
 
-void Scheduler::BuildOutput(const std::vector<Planned>& planned, SchedulerOutput* out) const {
+void Scheduler::EmitStep(const std::vector<Planned>& planned, SchedulerOutput* out) {
   CachedRequestData& cached = out->cached;
-  auto add_cached = [&cached](const Request& r, absl::Span<const BlockId> new_blocks, bool resumed) {
-    cached.request_ids.push_back(r.id());
-    cached.resumed.push_back(resumed ? 1 : 0);
-    cached.num_computed_tokens.push_back(r.num_computed_tokens);
-    cached.new_block_ids.insert(cached.new_block_ids.end(), new_blocks.begin(), new_blocks.end());
-    cached.new_block_offsets.push_back(static_cast<int32_t>(cached.new_block_ids.size()));
-  };
   cached.request_ids.reserve(planned.size());
   cached.resumed.reserve(planned.size());
   cached.num_computed_tokens.reserve(planned.size());
   cached.new_block_offsets.reserve(planned.size() + 1);
-  for (const Planned& p : planned) {
-    if (p.kind != Planned::Kind::kRunning) continue;
-    add_cached(*p.request, absl::MakeConstSpan(p.request->blocks).subspan(p.first_new_block), false);
-  }
-  for (const Planned& p : planned) {
-    const Request& r = *p.request;
-    if (p.kind == Planned::Kind::kNew) {
-      NewRequestData& data = out->new_requests.emplace_back();
-      data.id = r.id();
-      data.prompt_token_ids.assign(r.all_token_ids().begin(), r.all_token_ids().end());
-      data.sampling = r.sampling();
-      data.structured_output = r.uses_structured_output();
-      data.block_ids = r.blocks;
-      data.num_computed_tokens = r.num_computed_tokens;
-    } else if (p.kind == Planned::Kind::kResumed) {
-      add_cached(r, r.blocks, true);
-      CachedRequestData::Resumed& resumed = cached.resumed_requests.emplace_back();
-      resumed.token_ids.assign(r.all_token_ids().begin(), r.all_token_ids().end());
-      resumed.num_prompt_tokens = r.num_prompt_tokens();
-      resumed.sampling = r.sampling();
-      resumed.structured_output = r.uses_structured_output();
+  out->scheduled.reserve(planned.size());
+  // One pass, touching each request once. Planned order has every running
+  // request before the admitted ones, so cached entries come out as
+  // "running, then resumed".
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (i + 4 < planned.size()) __builtin_prefetch(planned[i + 4].request);
+    const Planned& p = planned[i];
+    Request* r = p.request;
+    switch (p.kind) {
+      case Planned::Kind::kRunning:
+        AddCachedEntry(*r, absl::MakeConstSpan(r->blocks).subspan(p.first_new_block), false, &cached);
+        break;
+      case Planned::Kind::kResumed: {
+        AddCachedEntry(*r, r->blocks, true, &cached);
+        CachedRequestData::Resumed& resumed = cached.resumed_requests.emplace_back();
+        resumed.token_ids.assign(r->all_token_ids().begin(), r->all_token_ids().end());
+        resumed.num_prompt_tokens = r->num_prompt_tokens();
+        resumed.sampling = r->sampling();
+        resumed.structured_output = r->uses_structured_output();
+        break;
+      }
+      case Planned::Kind::kNew: {
+        NewRequestData& data = out->new_requests.emplace_back();
+        data.id = r->id();
+        data.prompt_token_ids.assign(r->all_token_ids().begin(), r->all_token_ids().end());
+        data.sampling = r->sampling();
+        data.structured_output = r->uses_structured_output();
+        data.block_ids = r->blocks;
+        data.num_computed_tokens = r->num_computed_tokens;
+        break;
+      }
     }
+    AdvanceScheduled(r, p.num_tokens, out);
   }
 }
 
-void Scheduler::UpdateAfterSchedule(const std::vector<Planned>& planned, SchedulerOutput* out) {
-  out->scheduled.reserve(planned.size());
-  for (const Planned& p : planned) {
-    Request* r = p.request;
-    const int32_t sequence_length = r->num_tokens() + r->num_output_placeholders;
-    const bool samples = StepSamples(r->num_computed_tokens, p.num_tokens, sequence_length);
-    r->num_computed_tokens += p.num_tokens;
-    r->num_in_flight_tokens += p.num_tokens;
-    r->last_sched_seq = out->step_seq;
-    r->is_prefill_chunk = !samples;
-    out->scheduled.push_back({r->id(), p.num_tokens, samples, r->handle});
-    if (!samples) continue;
-    out->has_structured_output_requests |= r->uses_structured_output();
-    if (!config_.async_scheduling) continue;
-    // The grammar has not seen the token still in flight: sampling must wait.
-    out->pending_structured_output_tokens |=
-        r->uses_structured_output() && r->num_output_placeholders > 0;
-    ++r->num_output_placeholders;
-    r->next_decode_eligible_step = current_step_ + decode_cadence_;
-  }
+void Scheduler::AddCachedEntry(const Request& r, absl::Span<const BlockId> new_blocks, bool resumed,
+                               CachedRequestData* cached) {
+  cached->request_ids.push_back(r.id());
+  cached->resumed.push_back(resumed ? 1 : 0);
+  cached->num_computed_tokens.push_back(r.num_computed_tokens);  // C before this step
+  cached->new_block_ids.insert(cached->new_block_ids.end(), new_blocks.begin(), new_blocks.end());
+  cached->new_block_offsets.push_back(static_cast<int32_t>(cached->new_block_ids.size()));
+}
+
+void Scheduler::AdvanceScheduled(Request* r, int32_t num_tokens, SchedulerOutput* out) {
+  const int32_t sequence_length = r->num_tokens() + r->num_output_placeholders;
+  const bool samples = StepSamples(r->num_computed_tokens, num_tokens, sequence_length);
+  r->num_computed_tokens += num_tokens;
+  r->num_in_flight_tokens += num_tokens;
+  r->last_sched_seq = out->step_seq;
+  r->is_prefill_chunk = !samples;
+  out->scheduled.push_back({r->id(), num_tokens, samples, r->handle});
+  if (!samples) return;
+  out->has_structured_output_requests |= r->uses_structured_output();
+  if (!config_.async_scheduling) return;
+  // The grammar has not seen the token still in flight: sampling must wait.
+  out->pending_structured_output_tokens |= r->uses_structured_output() && r->num_output_placeholders > 0;
+  ++r->num_output_placeholders;
+  r->next_decode_eligible_step = current_step_ + decode_cadence_;
 }
 
 }  // namespace tandem::scheduler

@@ -20,7 +20,11 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
   DrainDeferredFrees();
 
   std::vector<std::pair<Request*, RequestStatus>> finished;
+  constexpr size_t kPrefetchAhead = 4;  // requests are scattered on the heap
   for (size_t row = 0; row < step.scheduled.size(); ++row) {
+    if (row + kPrefetchAhead < step.scheduled.size()) {
+      __builtin_prefetch(requests_.Resolve(step.scheduled[row + kPrefetchAhead].handle));
+    }
     const ScheduledRequest& scheduled = step.scheduled[row];
     Request* r = requests_.Resolve(scheduled.handle);
     if (r == nullptr) {
@@ -75,14 +79,14 @@ bool Scheduler::AppendDelivered(Request* r, absl::Span<const TokenId> sampled, b
 
   if (r->grammar() != nullptr && !r->grammar()->AcceptTokens(out->new_token_ids)) {
     r->status = RequestStatus::kFinishedError;
-    r->error_message = absl::StrCat("token ", out->new_token_ids.back(),
-                                    " is not allowed by the request's grammar");
+    r->error = absl::InvalidArgumentError(
+        absl::StrCat("token ", out->new_token_ids.back(), " is not allowed by the request's grammar"));
     stopped = true;
   }
   if (stopped) {
     out->finish_reason = FinishReasonOf(r->status);
     out->stop_reason = r->stop_reason;
-    out->error_message = r->error_message;
+    out->error = r->error;
     FinishRequest(r, r->status);
   }
   out->num_output_tokens = r->num_output_tokens();
