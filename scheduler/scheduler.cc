@@ -135,23 +135,25 @@ void Scheduler::FinishRequest(Request* request, RequestStatus status) {
 }
 
 bool Scheduler::CheckStop(Request* request) const {
-  const SamplingParams& s = request->sampling();
   const int32_t outputs = request->num_output_tokens();
   const TokenId last = request->all_token_ids().back();
-  if (outputs >= s.min_tokens) {
-    if (!s.ignore_eos && s.eos_token_id.has_value() && last == *s.eos_token_id) {
+  if (outputs >= request->min_tokens()) {
+    if (last == request->stopping_eos_token_id()) {
       request->status = RequestStatus::kFinishedStopped;
       return true;
     }
-    if (std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), last) != s.stop_token_ids.end()) {
-      request->status = RequestStatus::kFinishedStopped;
-      request->stop_reason = last;
-      return true;
+    if (request->has_stop_token_ids()) {
+      const std::vector<TokenId>& stop_ids = request->sampling().stop_token_ids;
+      if (std::find(stop_ids.begin(), stop_ids.end(), last) != stop_ids.end()) {
+        request->status = RequestStatus::kFinishedStopped;
+        request->stop_reason = last;
+        return true;
+      }
     }
   }
   // Length limits hold whatever min_tokens says: nothing is ever scheduled
   // past max_model_len, and min_tokens <= max_tokens by validation.
-  if (request->num_tokens() >= config_.max_model_len || outputs >= s.max_tokens) {
+  if (request->num_tokens() >= config_.max_model_len || outputs >= request->max_tokens()) {
     request->status = RequestStatus::kFinishedLengthCapped;
     return true;
   }
