@@ -11,6 +11,7 @@
 namespace tandem::tools {
 
 int RunTrace(const std::vector<std::string>& args);
+int RunMakeModel(const std::vector<std::string>& args);
 
 }  // namespace tandem::tools
 

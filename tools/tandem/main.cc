@@ -14,6 +14,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  trace     walk one request through the real scheduler and engine loop\n"
     "            (fake model) and print every schedule, output and discard\n"
+    "  make-model  write a small random-weight Llama GGUF (for tests)\n"
     "  version   print the version and the build's accelerator support\n"
     "\n"
     "`tandem <command> --help` lists a command's flags.\n";
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "trace") return tandem::tools::RunTrace(args);
+  if (command == "make-model") return tandem::tools::RunMakeModel(args);
   if (command == "version" || command == "--version") return PrintVersion();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
