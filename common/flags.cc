@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -62,6 +63,41 @@ void FlagParser::AddString(const std::string& name, std::string* target, const s
   Flag flag{name, help, *target, false, nullptr};
   flag.set = [target](const std::string& value) -> std::string {
     *target = value;
+    return "";
+  };
+  flags_.push_back(std::move(flag));
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
+  static const struct {
+    const char* suffix;
+    double scale;
+  } kUnits[] = {{"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+                {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+                {"B", 1.0}};
+  std::string number = text;
+  double scale = 1.0;
+  for (const auto& unit : kUnits) {
+    const size_t n = std::strlen(unit.suffix);
+    if (number.size() > n && number.compare(number.size() - n, n, unit.suffix) == 0) {
+      number.resize(number.size() - n);
+      scale = unit.scale;
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || value < 0 || value * scale > 9.2e18) {
+    return absl::InvalidArgumentError(absl::StrCat("expects a size like 512MiB or 2GiB, got '", text, "'"));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+void FlagParser::AddBytes(const std::string& name, int64_t* target, const std::string& help) {
+  Flag flag{name, help, std::to_string(*target), false, nullptr};
+  flag.set = [target](const std::string& value) -> std::string {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(value);
+    if (!bytes.ok()) return std::string(bytes.status().message());
+    *target = *bytes;
     return "";
   };
   flags_.push_back(std::move(flag));

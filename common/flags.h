@@ -21,8 +21,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tandem {
+
+// Parses a byte size as AddBytes accepts it.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 
 class FlagParser {
  public:
@@ -35,6 +39,9 @@ class FlagParser {
   // Accepts --name, --no-name, --name=true|false.
   void AddBool(const std::string& name, bool* target, const std::string& help);
   void AddString(const std::string& name, std::string* target, const std::string& help);
+  // A byte size: "1073741824", "512MiB", "2GiB", "1.5GB" (KiB/MiB/GiB are
+  // powers of 1024, KB/MB/GB of 1000).
+  void AddBytes(const std::string& name, int64_t* target, const std::string& help);
 
   // Parses `args` (without the program name). Accepts `--name=value` and
   // `--name value`. Returns InvalidArgument naming the offending flag.

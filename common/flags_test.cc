@@ -62,3 +62,18 @@ TEST(FlagParserTest, HelpIsReported) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(ParseByteSizeTest, UnitsAndErrors) {
+  EXPECT_EQ(*ParseByteSize("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("1.5GB"), 1500000000);
+  EXPECT_EQ(*ParseByteSize("4096"), 4096);
+  EXPECT_FALSE(ParseByteSize("lots").ok());
+  EXPECT_FALSE(ParseByteSize("-1GiB").ok());
+}
+
+}  // namespace
+}  // namespace tandem

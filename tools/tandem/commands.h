@@ -12,6 +12,8 @@ namespace tandem::tools {
 
 int RunTrace(const std::vector<std::string>& args);
 int RunMakeModel(const std::vector<std::string>& args);
+int RunGenerate(const std::vector<std::string>& args);
+int RunPerplexity(const std::vector<std::string>& args);
 
 }  // namespace tandem::tools
 

@@ -12,10 +12,12 @@ constexpr char kUsage[] =
     "usage: tandem <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  trace     walk one request through the real scheduler and engine loop\n"
-    "            (fake model) and print every schedule, output and discard\n"
+    "  generate    continue a prompt with a model (in-process engine, CPU)\n"
+    "  perplexity  the perplexity of a text file under a model\n"
+    "  trace       walk one request through the real scheduler and engine loop\n"
+    "              (fake model) and print every schedule, output and discard\n"
     "  make-model  write a small random-weight Llama GGUF (for tests)\n"
-    "  version   print the version and the build's accelerator support\n"
+    "  version     print the version and the build's accelerator support\n"
     "\n"
     "`tandem <command> --help` lists a command's flags.\n";
 
@@ -36,6 +38,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "trace") return tandem::tools::RunTrace(args);
   if (command == "make-model") return tandem::tools::RunMakeModel(args);
+  if (command == "generate") return tandem::tools::RunGenerate(args);
+  if (command == "perplexity") return tandem::tools::RunPerplexity(args);
   if (command == "version" || command == "--version") return PrintVersion();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -1,0 +1,180 @@
+// The whole in-process engine on a tiny random-weight model: the scheduler,
+// the async engine loop, the wire encoding and the CPU model runner together.
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+
+#include <unistd.h>
+
+#include "common/gguf/gguf_writer.h"
+#include "common/gguf/random_llama.h"
+#include "gtest/gtest.h"
+#include "tools/engine/local_engine.h"
+
+namespace tandem::tools {
+namespace {
+
+std::string TinyModelPath() {
+  static const std::string path = [] {
+    gguf::RandomLlamaOptions options;
+    options.layers = 2;
+    options.hidden = 64;
+    options.heads = 4;
+    options.kv_heads = 2;
+    options.intermediate = 128;
+    options.context = 512;
+    options.type = gguf::GgmlType::kQ8_0;
+    options.seed = 11;
+    options.weight_scale = 0.2;  // outputs depend on the context (see RandomLlamaOptions)
+    auto image = gguf::MakeRandomLlama(options);
+    EXPECT_TRUE(image.ok()) << image.status();
+    const std::string file = (std::filesystem::temp_directory_path() /
+                              ("tandem_tiny_" + std::to_string(::getpid()) + ".gguf")).string();
+    FILE* f = std::fopen(file.c_str(), "wb");
+    std::fwrite(image->data(), 1, image->size(), f);
+    std::fclose(f);
+    return file;
+  }();
+  return path;
+}
+
+LocalEngineOptions TestOptions() {
+  LocalEngineOptions options;
+  options.model_path = TinyModelPath();
+  options.threads = 2;
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.seed = 5;
+  return options;
+}
+
+std::unique_ptr<LocalEngine> MakeEngine(const LocalEngineOptions& options = TestOptions()) {
+  auto engine = LocalEngine::Create(options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+std::vector<TokenId> Prompt(int seed, int length) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> ids;
+  for (int i = 0; i < length; ++i) ids.push_back(static_cast<TokenId>(rng() % 256));  // byte tokens
+  return ids;
+}
+
+scheduler::RequestSpec Request(RequestId id, std::vector<TokenId> prompt, int32_t max_tokens,
+                               float temperature = 0.0f, std::optional<uint64_t> seed = std::nullopt) {
+  scheduler::RequestSpec spec;
+  spec.id = id;
+  spec.prompt_token_ids = std::move(prompt);
+  spec.sampling.max_tokens = max_tokens;
+  spec.sampling.ignore_eos = true;
+  spec.sampling.temperature = temperature;
+  spec.sampling.seed = seed;
+  return spec;
+}
+
+// RequestSpec is move-only: an initializer list cannot hold it.
+std::vector<scheduler::RequestSpec> One(scheduler::RequestSpec spec) {
+  std::vector<scheduler::RequestSpec> v;
+  v.push_back(std::move(spec));
+  return v;
+}
+
+std::map<RequestId, std::vector<TokenId>> RunAll(LocalEngine& engine, std::vector<scheduler::RequestSpec> requests) {
+  auto results = engine.Run(std::move(requests));
+  EXPECT_TRUE(results.ok()) << results.status();
+  std::map<RequestId, std::vector<TokenId>> tokens;
+  for (auto& [id, g] : *results) tokens[id] = g.tokens;
+  return tokens;
+}
+
+TEST(InProcessEngineTest, OneRequestAloneAndInABatchOf16AgreeGreedily) {
+  auto alone = MakeEngine();
+  const auto expected = RunAll(*alone, One(Request(1, Prompt(1, 23), 24)))[1];
+  ASSERT_EQ(expected.size(), 24u);
+  // The comparison means something only if the model does not repeat itself.
+  EXPECT_GE(std::set<TokenId>(expected.begin(), expected.end()).size(), 8u);
+  auto batched = MakeEngine();
+  std::vector<scheduler::RequestSpec> requests;
+  for (int i = 0; i < 16; ++i) requests.push_back(Request(100 + i, Prompt(i == 7 ? 1 : 50 + i, i == 7 ? 23 : 5 + 3 * i), 24));
+  EXPECT_EQ(RunAll(*batched, std::move(requests))[107], expected);
+}
+
+TEST(InProcessEngineTest, ChunkedPrefillEqualsWholePrefill) {
+  LocalEngineOptions chunked = TestOptions();
+  chunked.max_num_batched_tokens = 8;
+  auto small = MakeEngine(chunked);
+  auto whole = MakeEngine();
+  const std::vector<TokenId> prompt = Prompt(2, 61);
+  EXPECT_EQ(RunAll(*small, One(Request(1, prompt, 12)))[1], RunAll(*whole, One(Request(1, prompt, 12)))[1]);
+}
+
+// The runner feeds a decode step the token it sampled itself (placeholder
+// substitution); feeding the same token explicitly in the prompt must give
+// the same next token.
+TEST(InProcessEngineTest, SubstitutionEqualsFeedingTheTokenExplicitly) {
+  auto engine = MakeEngine();
+  const std::vector<TokenId> prompt = Prompt(3, 17);
+  const auto generated = RunAll(*engine, One(Request(1, prompt, 6)))[1];
+  ASSERT_EQ(generated.size(), 6u);
+  for (int k = 1; k < 6; ++k) {
+    std::vector<TokenId> explicit_prompt = prompt;
+    explicit_prompt.insert(explicit_prompt.end(), generated.begin(), generated.begin() + k);
+    EXPECT_EQ(RunAll(*engine, One(Request(10 + k, explicit_prompt, 1)))[10 + k][0], generated[k]) << "k = " << k;
+  }
+}
+
+TEST(InProcessEngineTest, AsyncAndSyncEnginesGiveTheSameTokens) {
+  auto make = [] {
+    std::vector<scheduler::RequestSpec> r;
+    for (int i = 0; i < 8; ++i) {
+      const bool sampled = i % 2 == 1;
+      r.push_back(Request(i, Prompt(20 + i, 4 + 7 * i), 10 + i, sampled ? 0.8f : 0.0f,
+                          sampled ? std::optional<uint64_t>(1000 + i) : std::nullopt));
+    }
+    return r;
+  };
+  LocalEngineOptions sync_options = TestOptions();
+  sync_options.async_scheduling = false;
+  auto sync = MakeEngine(sync_options);
+  auto async = MakeEngine();
+  const auto expected = RunAll(*sync, make());
+  EXPECT_EQ(RunAll(*async, make()), expected);
+  // And with a KV pool small enough to force preemption.
+  LocalEngineOptions tight = TestOptions();
+  tight.kv_cache_bytes = MakeEngine()->kv_bytes_per_block() * 12;
+  tight.max_model_len = 160;
+  auto preempting = MakeEngine(tight);
+  auto results = preempting->Run(make());
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (auto& [id, g] : *results) EXPECT_EQ(g.tokens, expected.at(id)) << "request " << id;
+  EXPECT_GT(preempting->engine().scheduler().stats().num_preemptions, 0);
+}
+
+TEST(InProcessEngineTest, TheSameSeedGivesTheSameTokensWhateverTheBatch) {
+  auto engine = MakeEngine();
+  const std::vector<TokenId> prompt = Prompt(4, 9);
+  const auto alone = RunAll(*engine, One(Request(1, prompt, 16, 1.0f, 77)))[1];
+  std::vector<scheduler::RequestSpec> crowd;
+  crowd.push_back(Request(2, prompt, 16, 1.0f, 77));
+  for (int i = 0; i < 6; ++i) crowd.push_back(Request(10 + i, Prompt(30 + i, 12), 16, 1.0f));
+  EXPECT_EQ(RunAll(*engine, std::move(crowd))[2], alone);
+  EXPECT_NE(RunAll(*engine, One(Request(3, prompt, 16, 1.0f, 78)))[3], alone);
+}
+
+TEST(InProcessEngineTest, KvBlocksFitTheBudget) {
+  LocalEngineOptions options = TestOptions();
+  options.kv_cache_bytes = int64_t{8} << 20;
+  auto engine = MakeEngine(options);
+  EXPECT_EQ(engine->num_kv_blocks(), (int64_t{8} << 20) / engine->kv_bytes_per_block());
+  EXPECT_EQ(engine->engine_config().num_gpu_blocks, engine->num_kv_blocks());
+  LocalEngineOptions tiny = TestOptions();
+  tiny.kv_cache_bytes = 1000;
+  auto refused = LocalEngine::Create(tiny);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("at least 2 are needed"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::tools

@@ -1,0 +1,168 @@
+// model_bench: CPU throughput of the default model (SmolLM2-135M, Q4_1
+// weights dequantized to float32) on the CPU backend.
+//
+//   BM_Decode/B      one decode step for B sequences of 128 cached tokens
+//                    (a forward pass of B tokens plus greedy sampling)
+//   BM_Prefill/512   one 512-token prompt in one forward pass
+//
+// tokens/s is reported as items_per_second.
+//
+//   build/bin/model_bench --threads=2   (default: 2)
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "common/check.h"
+#include "common/gguf/gguf_file.h"
+#include "common/gguf/llama_config.h"
+#include "worker/backends/cpu/cpu_backend.h"
+#include "worker/model/llama_model.h"
+
+namespace tandem::worker {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kContext = 128;  // tokens already cached per decoding sequence
+int32_t g_threads = 2;
+
+struct Loaded {
+  std::unique_ptr<gguf::GgufFile> file;
+  gguf::LlamaConfig config;
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<LlamaModel> model;
+};
+
+Loaded& Model() {
+  static Loaded* loaded = [] {
+    auto* l = new Loaded;
+    auto file = gguf::GgufFile::Open(std::string(TANDEM_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    TANDEM_CHECK(file.ok()) << file.status() << " (run tools/setup.sh)";
+    l->file = std::move(file).value();
+    auto config = gguf::ReadLlamaConfig(*l->file);
+    TANDEM_CHECK_OK(config.status());
+    l->config = *config;
+    l->backend = std::make_unique<CpuBackend>(g_threads);
+    auto model = LlamaModel::Load(*l->file, l->config, l->backend.get(), {});
+    TANDEM_CHECK_OK(model.status());
+    l->model = std::move(model).value();
+    TANDEM_CHECK_OK(l->model->AllocateKvCache(64 * (kContext / kBlockSize + 1) + 40, kBlockSize));
+    return l;
+  }();
+  return *loaded;
+}
+
+// Device copies of one step's inputs.
+struct Step {
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  ForwardInputs in;
+  std::unique_ptr<DeviceBuffer> logits;
+  std::unique_ptr<DeviceBuffer> sampled;
+  std::vector<SampleRow> rows;
+  SamplingOptions greedy;
+
+  template <typename T>
+  const T* Put(Backend& backend, const std::vector<T>& host) {
+    auto b = backend.Allocate(host.size() * sizeof(T));
+    TANDEM_CHECK_OK(b.status());
+    TANDEM_CHECK_OK(backend.Upload(**b, 0, host.data(), host.size() * sizeof(T)));
+    buffers.push_back(std::move(b).value());
+    return static_cast<const T*>(buffers.back()->data());
+  }
+};
+
+// `seqs` sequences, each computing `tokens` positions after `cached` ones.
+std::unique_ptr<Step> MakeStep(int32_t seqs, int32_t cached, int32_t tokens) {
+  Loaded& m = Model();
+  auto step = std::make_unique<Step>();
+  std::mt19937 rng(1);
+  std::vector<TokenId> ids;
+  std::vector<int32_t> positions, query_start{0}, lens, table_start{0}, rows;
+  std::vector<int64_t> slots;
+  std::vector<BlockId> tables;
+  const int32_t blocks_per_seq = (cached + tokens + kBlockSize - 1) / kBlockSize;
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b) tables.push_back(1 + s * blocks_per_seq + b);
+    for (int32_t p = cached; p < cached + tokens; ++p) {
+      ids.push_back(static_cast<TokenId>(rng() % m.config.vocab_size));
+      positions.push_back(p);
+      slots.push_back(int64_t{tables[s * blocks_per_seq + p / kBlockSize]} * kBlockSize + p % kBlockSize);
+    }
+    rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+    query_start.push_back(static_cast<int32_t>(ids.size()));
+    lens.push_back(cached + tokens);
+    table_start.push_back(static_cast<int32_t>(tables.size()));
+  }
+  Backend& backend = *m.backend;
+  step->in.input_ids = step->Put(backend, ids);
+  step->in.positions = step->Put(backend, positions);
+  step->in.kv_slots = step->Put(backend, slots);
+  step->in.num_tokens = static_cast<int32_t>(ids.size());
+  step->in.query_start = step->Put(backend, query_start);
+  step->in.seq_lens = step->Put(backend, lens);
+  step->in.block_table_start = step->Put(backend, table_start);
+  step->in.block_tables = step->Put(backend, tables);
+  step->in.num_seqs = seqs;
+  step->in.logits_rows = step->Put(backend, rows);
+  step->in.num_logits_rows = seqs;
+  step->logits = std::move(backend.Allocate(size_t{1} * seqs * m.config.vocab_size * sizeof(float))).value();
+  step->sampled = std::move(backend.Allocate(seqs * sizeof(TokenId))).value();
+  step->greedy.temperature = 0.0f;
+  for (int32_t s = 0; s < seqs; ++s) {
+    SampleRow row;
+    row.options = &step->greedy;
+    step->rows.push_back(row);
+  }
+  return step;
+}
+
+void Run(Step& step) {
+  Loaded& m = Model();
+  TANDEM_CHECK_OK(m.model->Forward(step.in, nullptr, nullptr, step.logits->as<float>()));
+  SampleParams sample;
+  sample.logits = step.logits->as<float>();
+  sample.num_rows = step.in.num_logits_rows;
+  sample.vocab = m.config.vocab_size;
+  sample.rows = step.rows.data();
+  sample.tokens = step.sampled->as<TokenId>();
+  sample.logprobs = nullptr;
+  sample.top_ids = nullptr;
+  TANDEM_CHECK_OK(m.backend->Sample(sample));
+}
+
+void BM_Decode(benchmark::State& state) {
+  const auto batch = static_cast<int32_t>(state.range(0));
+  // Fill the cache of every sequence once, then time single-token steps.
+  auto prefill = MakeStep(batch, 0, kContext);
+  Run(*prefill);
+  auto decode = MakeStep(batch, kContext, 1);
+  for (auto _ : state) Run(*decode);
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["threads"] = g_threads;
+}
+BENCHMARK(BM_Decode)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Prefill(benchmark::State& state) {
+  const auto tokens = static_cast<int32_t>(state.range(0));
+  auto prefill = MakeStep(1, 0, tokens);
+  for (auto _ : state) Run(*prefill);
+  state.SetItemsProcessed(state.iterations() * tokens);
+  state.counters["threads"] = g_threads;
+}
+BENCHMARK(BM_Prefill)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::worker
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) tandem::worker::g_threads = std::atoi(argv[i] + 10);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}

@@ -1,0 +1,104 @@
+#include "tools/engine/local_engine.h"
+
+
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tandem::tools {
+
+namespace {
+constexpr char kDefaultModel[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}  // namespace
+
+std::string DefaultModelPath() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path in_tree = exe.parent_path().parent_path().parent_path() / kDefaultModel;
+    if (std::filesystem::exists(in_tree, error)) return in_tree.string();
+  }
+  return kDefaultModel;
+}
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const LocalEngineOptions& options) {
+  std::unique_ptr<LocalEngine> e(new LocalEngine());
+  auto file = gguf::GgufFile::Open(options.model_path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("cannot load model ", options.model_path, ": ", file.status().message(),
+                                     " (tools/setup.sh fetches the default model)"));
+  }
+  e->file_ = std::move(file).value();
+  TANDEM_ASSIGN_OR_RETURN(e->config_, gguf::ReadLlamaConfig(*e->file_));
+  TANDEM_ASSIGN_OR_RETURN(TokenizerData tokenizer_data, ReadTokenizerData(*e->file_));
+  TANDEM_ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::Create(std::move(tokenizer_data)));
+
+  e->backend_ = std::make_unique<worker::CpuBackend>(options.threads);
+  TANDEM_ASSIGN_OR_RETURN(e->model_, worker::LlamaModel::Load(*e->file_, e->config_, e->backend_.get(), {}));
+  const int64_t per_block = e->model_->KvBytesPerBlock(options.block_size);
+  const int64_t blocks = options.kv_cache_bytes / per_block;
+  if (blocks < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV cache of ", options.kv_cache_bytes, " bytes holds ", blocks,
+                                                   " blocks of ", per_block, " bytes; at least 2 are needed"));
+  }
+  e->num_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 24));
+  TANDEM_RETURN_IF_ERROR(e->model_->AllocateKvCache(e->num_kv_blocks_, options.block_size));
+
+  worker::ModelRunnerOptions runner_options;
+  runner_options.block_size = options.block_size;
+  runner_options.unseeded_rng_key = options.seed != 0 ? options.seed : std::random_device{}();
+  e->runner_ = std::make_unique<worker::ModelRunner>(e->backend_.get(), e->model_.get(), runner_options);
+  e->executor_ = std::make_unique<InProcessExecutor>(e->runner_.get());
+
+  scheduler::EngineConfig config;
+  config.block_size = options.block_size;
+  config.num_gpu_blocks = e->num_kv_blocks_;
+  config.max_num_batched_tokens = options.max_num_batched_tokens;
+  config.max_num_seqs = options.max_num_seqs;
+  const int32_t cache_tokens = (e->num_kv_blocks_ - 1) * options.block_size;
+  config.max_model_len = options.max_model_len > 0 ? options.max_model_len
+                                                   : std::min(e->config_.context_length, cache_tokens);
+  config.enable_prefix_caching = options.enable_prefix_caching;
+  config.async_scheduling = options.async_scheduling;
+  config.vocab_size = e->config_.vocab_size;
+  // Per process, so prefix-cache keys cannot be predicted from outside.
+  config.prefix_cache_hash_seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  TANDEM_ASSIGN_OR_RETURN(e->scheduler_, scheduler::Scheduler::Create(config));
+  e->engine_ = std::make_unique<scheduler::EngineCore>(e->scheduler_.get(), e->executor_.get());
+  return e;
+}
+
+absl::StatusOr<std::map<RequestId, Generation>> LocalEngine::Run(std::vector<scheduler::RequestSpec> requests) {
+  std::map<RequestId, Generation> results;
+  for (scheduler::RequestSpec& spec : requests) {
+    results[spec.id];
+    TANDEM_RETURN_IF_ERROR(engine_->AddRequest(std::move(spec)));
+  }
+  while (engine_->HasWork()) {
+    TANDEM_ASSIGN_OR_RETURN(scheduler::EngineStepResult step, engine_->Step());
+    for (const scheduler::RequestOutput& out : step.outputs) {
+      Generation& g = results[out.id];
+      g.tokens.insert(g.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      if (out.finished()) g.finish = out.finish_reason;
+    }
+  }
+  return results;
+}
+
+absl::StatusOr<Generation> LocalEngine::Generate(std::vector<TokenId> prompt, scheduler::SamplingParams sampling) {
+  if (!sampling.eos_token_id && tokenizer_->eos_token_id() >= 0) sampling.eos_token_id = tokenizer_->eos_token_id();
+  scheduler::RequestSpec spec;
+  spec.id = next_id_++;
+  spec.prompt_token_ids = std::move(prompt);
+  spec.sampling = std::move(sampling);
+  const RequestId id = spec.id;
+  std::vector<scheduler::RequestSpec> one;
+  one.push_back(std::move(spec));
+  TANDEM_ASSIGN_OR_RETURN(auto results, Run(std::move(one)));
+  return results[id];
+}
+
+}  // namespace tandem::tools

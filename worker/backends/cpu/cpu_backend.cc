@@ -1,0 +1,260 @@
+#include "worker/backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/gguf/ggml_types.h"
+#include "worker/backends/cpu/cpu_gemm.h"
+#include "worker/backends/cpu/cpu_math.h"
+
+namespace tandem::worker {
+namespace {
+
+// 64-byte aligned host memory.
+class HostBuffer : public DeviceBuffer {
+ public:
+  explicit HostBuffer(size_t bytes)
+      : size_(bytes), data_(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64))) {}
+  ~HostBuffer() override { std::free(data_); }
+  void* data() override { return data_; }
+  size_t size() const override { return size_; }
+  bool ok() const { return data_ != nullptr; }
+
+ private:
+  size_t size_;
+  void* data_;
+};
+
+class DoneEvent : public Event {
+ public:
+  absl::Status Wait() override { return absl::OkStatus(); }
+  bool Done() override { return true; }
+};
+
+absl::Status Invalid(const char* kernel, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("cpu ", kernel, ": ", why));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int32_t num_threads)
+    : pool_(num_threads > 0 ? num_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
+      sampler_scratch_(pool_.num_threads()) {}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
+  auto buffer = std::make_unique<HostBuffer>(bytes);
+  if (!buffer->ok()) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  return buffer;
+}
+
+absl::Status CpuBackend::Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) {
+  if (offset + bytes > dst.size()) return Invalid("upload", "past the end of the buffer");
+  std::memcpy(static_cast<char*>(dst.data()) + offset, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Event>> CpuBackend::DownloadAsync(const void* src, void* dst, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return std::make_unique<DoneEvent>();
+}
+
+absl::StatusOr<Weight> CpuBackend::LoadWeight(const gguf::GgufTensor& tensor) {
+  if (tensor.shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, " is not a matrix"));
+  }
+  Weight w;
+  w.cols = tensor.shape[0];
+  w.rows = tensor.shape[1];
+  auto buffer = Allocate(static_cast<size_t>(w.rows * w.cols) * sizeof(float));
+  if (!buffer.ok()) return buffer.status();
+  w.buffer = std::move(buffer).value();
+  float* out = w.buffer->as<float>();
+  const int64_t row_bytes = gguf::RowBytes(tensor.type, w.cols);
+  absl::Status status;
+  pool_.ParallelFor(w.rows, 64, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t r = begin; r < end; ++r) {
+      absl::Status s = gguf::DequantizeRow(tensor.type, tensor.data + r * row_bytes, out + r * w.cols, w.cols);
+      if (!s.ok()) status = s;  // every failing row reports the same cause
+    }
+  });
+  if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, ": ", status.message()));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::LoadVector(const gguf::GgufTensor& tensor) {
+  auto buffer = Allocate(static_cast<size_t>(tensor.num_elements) * sizeof(float));
+  if (!buffer.ok()) return buffer.status();
+  absl::Status s = gguf::DequantizeRow(tensor.type, tensor.data, (*buffer)->as<float>(), tensor.num_elements);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, ": ", s.message()));
+  return buffer;
+}
+
+absl::Status CpuBackend::Embedding(const EmbeddingParams& p) {
+  const int64_t dim = p.table->cols;
+  const float* table = static_cast<const float*>(p.table->buffer->data());
+  for (int32_t i = 0; i < p.num_tokens; ++i) {
+    const TokenId id = p.ids[i];
+    if (id < 0 || id >= p.table->rows) return Invalid("embedding", absl::StrCat("token id ", id, " out of range"));
+    std::memcpy(p.out + i * dim, table + id * dim, dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Matmul(const MatmulParams& p) {
+  cpu::Gemm(pool_, p.x, p.m, static_cast<const float*>(p.w->buffer->data()), p.w->rows, p.w->cols, p.y,
+            p.accumulate);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) {
+  pool_.ParallelFor(p.rows, 8, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = p.x + r * p.dim;
+      float* out = p.out + r * p.dim;
+      const float mean_square = cpu::Dot(x, x, p.dim) / static_cast<float>(p.dim);
+      const float scale = 1.0f / std::sqrt(mean_square + p.eps);
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = x[i] * scale * p.weight[i];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Rope(const RopeParams& p) {
+  if (p.rope_dim % 2 != 0 || p.rope_dim > p.head_dim) return Invalid("rope", "bad rotary dimension");
+  const int32_t pairs = p.rope_dim / 2;
+  std::vector<float> inv_freq(pairs);
+  for (int32_t i = 0; i < pairs; ++i) {
+    inv_freq[i] = std::pow(p.freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(p.rope_dim));
+  }
+  pool_.ParallelFor(p.num_tokens, 4, [&](int64_t begin, int64_t end, int32_t) {
+    std::vector<float> cos(pairs), sin(pairs);
+    for (int64_t t = begin; t < end; ++t) {
+      const float pos = static_cast<float>(p.positions[t]) * p.freq_scale;
+      for (int32_t i = 0; i < pairs; ++i) {
+        cos[i] = std::cos(pos * inv_freq[i]);
+        sin[i] = std::sin(pos * inv_freq[i]);
+      }
+      // GGUF Llama weights are permuted for adjacent-pair rotation (ggml's
+      // "normal" RoPE), not the rotate-half layout of the HF checkpoints.
+      auto rotate = [&](float* head) {
+        for (int32_t i = 0; i < pairs; ++i) {
+          const float a = head[2 * i];
+          const float b = head[2 * i + 1];
+          head[2 * i] = a * cos[i] - b * sin[i];
+          head[2 * i + 1] = a * sin[i] + b * cos[i];
+        }
+      };
+      for (int32_t h = 0; h < p.num_heads; ++h) rotate(p.q + (t * p.num_heads + h) * p.head_dim);
+      for (int32_t h = 0; h < p.num_kv_heads; ++h) rotate(p.k + (t * p.num_kv_heads + h) * p.head_dim);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::WriteKv(const WriteKvParams& p) {
+  for (int32_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slots[t];
+    std::memcpy(p.cache.k + slot * p.kv_width, p.k + int64_t{t} * p.kv_width, p.kv_width * sizeof(float));
+    std::memcpy(p.cache.v + slot * p.kv_width, p.v + int64_t{t} * p.kv_width, p.kv_width * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PagedAttention(const AttentionParams& p) {
+  if (p.num_heads % p.num_kv_heads != 0) return Invalid("attention", "heads do not divide into kv heads");
+  const int32_t group = p.num_heads / p.num_kv_heads;
+  const int32_t total_tokens = p.query_start[p.num_seqs];
+  const int32_t kv_width = p.num_kv_heads * p.head_dim;
+  // One work item per (token, head); find each token's sequence by search.
+  pool_.ParallelFor(int64_t{total_tokens} * p.num_heads, 4, [&](int64_t begin, int64_t end, int32_t) {
+    std::vector<float> acc(p.head_dim);
+    for (int64_t item = begin; item < end; ++item) {
+      const int32_t t = static_cast<int32_t>(item / p.num_heads);
+      const int32_t h = static_cast<int32_t>(item % p.num_heads);
+      const int32_t seq = static_cast<int32_t>(
+          std::upper_bound(p.query_start, p.query_start + p.num_seqs + 1, t) - p.query_start - 1);
+      const int32_t num_queries = p.query_start[seq + 1] - p.query_start[seq];
+      // Queries are the last tokens of the context: this one sees keys [0, pos].
+      const int32_t pos = p.seq_lens[seq] - num_queries + (t - p.query_start[seq]);
+      const BlockId* table = p.block_tables + p.block_table_start[seq];
+      const float* q = p.q + (int64_t{t} * p.num_heads + h) * p.head_dim;
+      const int32_t kv_head = h / group;
+      // Online softmax: one pass over the keys, no score buffer.
+      float max = -INFINITY;
+      float denom = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int32_t j = 0; j <= pos; ++j) {
+        const int64_t slot = int64_t{table[j / p.block_size]} * p.block_size + j % p.block_size;
+        const int64_t at = slot * kv_width + int64_t{kv_head} * p.head_dim;
+        const float score = cpu::Dot(q, p.cache.k + at, p.head_dim) * p.scale;
+        if (score > max) {
+          const float correction = std::exp(max - score);
+          denom = denom * correction + 1.0f;
+          cpu::ScaleAdd(acc.data(), correction, 1.0f, p.cache.v + at, p.head_dim);
+          max = score;
+        } else {
+          const float weight = std::exp(score - max);
+          denom += weight;
+          cpu::ScaleAdd(acc.data(), 1.0f, weight, p.cache.v + at, p.head_dim);
+        }
+      }
+      float* out = p.out + (int64_t{t} * p.num_heads + h) * p.head_dim;
+      for (int32_t d = 0; d < p.head_dim; ++d) out[d] = acc[d] / denom;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SiluMul(const SiluMulParams& p) {
+  pool_.ParallelFor(p.rows * p.dim, 4096, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = p.gate[i];
+      p.out[i] = g / (1.0f + std::exp(-g)) * p.up[i];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  std::memmove(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GatherRows(const GatherRowsParams& p) {
+  for (int32_t i = 0; i < p.num_rows; ++i) {
+    std::memmove(p.out + int64_t{i} * p.dim, p.x + int64_t{p.rows[i]} * p.dim, p.dim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyTokens(const CopyTokensParams& p) {
+  for (int32_t i = 0; i < p.count; ++i) {
+    p.dst[p.dst_index ? p.dst_index[i] : i] = p.src[p.src_index ? p.src_index[i] : i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Sample(const SampleParams& p) {
+  pool_.ParallelFor(p.num_rows, 1, [&](int64_t begin, int64_t end, int32_t thread) {
+    for (int64_t r = begin; r < end; ++r) {
+      SampledToken s = SampleLogits(p.logits + r * p.vocab, p.vocab, p.rows[r], &sampler_scratch_[thread]);
+      p.tokens[r] = s.token;
+      if (p.logprobs == nullptr) continue;
+      float* lp = p.logprobs + r * (1 + p.max_top);
+      TokenId* ids = p.top_ids + r * p.max_top;
+      lp[0] = s.logprob;
+      for (int32_t i = 0; i < p.max_top; ++i) {
+        const bool has = i < static_cast<int32_t>(s.top.size());
+        ids[i] = has ? s.top[i].first : -1;
+        lp[1 + i] = has ? s.top[i].second : 0.0f;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,57 @@
+// File: worker/backends/cpu/cpu_backend.h
+//
+// CpuBackend: the reference backend, multithreaded, runs everywhere. "Device"
+// memory is host memory; kernels run on the thread pool when they are
+// enqueued, so the stream order is program order and every event is complete
+// on return. Weights are dequantized to float32 at load (see README,
+// Performance, for the measurement behind that choice).
+//
+// Thread-compatible: driven by one thread; uses its own pool internally.
+#ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_BACKEND_H_
+#define TANDEM_WORKER_BACKENDS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <vector>
+
+#include "worker/backend.h"
+#include "worker/backends/cpu/thread_pool.h"
+#include "worker/sampler.h"
+
+namespace tandem::worker {
+
+class CpuBackend : public Backend {
+ public:
+  // `num_threads` <= 0 uses every hardware thread.
+  explicit CpuBackend(int32_t num_threads);
+
+  std::string name() const override { return "cpu"; }
+  int32_t num_threads() const override { return pool_.num_threads(); }
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Event>> DownloadAsync(const void* src, void* dst, size_t bytes) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) override;
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> LoadVector(const gguf::GgufTensor& tensor) override;
+
+  absl::Status Embedding(const EmbeddingParams& p) override;
+  absl::Status Matmul(const MatmulParams& p) override;
+  absl::Status RmsNorm(const RmsNormParams& p) override;
+  absl::Status Rope(const RopeParams& p) override;
+  absl::Status WriteKv(const WriteKvParams& p) override;
+  absl::Status PagedAttention(const AttentionParams& p) override;
+  absl::Status SiluMul(const SiluMulParams& p) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status GatherRows(const GatherRowsParams& p) override;
+  absl::Status CopyTokens(const CopyTokensParams& p) override;
+  absl::Status Sample(const SampleParams& p) override;
+
+ private:
+  ThreadPool pool_;
+  std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_BACKENDS_CPU_CPU_BACKEND_H_

@@ -1,0 +1,24 @@
+// File: worker/backends/cpu/cpu_math.h
+//
+// The inner loops of the CPU backend: dot products and scaled adds over
+// float32 vectors. Each has an AVX2+FMA version, chosen once at startup when
+// the CPU has it, and a portable one (the build itself targets plain x86-64).
+//
+// Thread-safe: pure functions.
+#ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_MATH_H_
+#define TANDEM_WORKER_BACKENDS_CPU_CPU_MATH_H_
+
+#include <cstdint>
+
+namespace tandem::worker::cpu {
+
+// sum(a[i] * b[i])
+float Dot(const float* a, const float* b, int64_t n);
+// y[i] = y[i] * scale + a * x[i]
+void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n);
+// Whether the AVX2 versions are in use.
+bool UsingAvx2();
+
+}  // namespace tandem::worker::cpu
+
+#endif  // TANDEM_WORKER_BACKENDS_CPU_CPU_MATH_H_

@@ -1,0 +1,71 @@
+#include "worker/backends/cpu/thread_pool.h"
+
+#include <algorithm>
+
+namespace tandem::worker {
+
+ThreadPool::ThreadPool(int32_t num_threads) : num_threads_(std::max(1, num_threads)) {
+  for (int32_t t = 1; t < num_threads_; ++t) threads_.emplace_back([this, t] { WorkerLoop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::RunChunks(int32_t thread) {
+  for (;;) {
+    const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+    if (begin >= count_) return;
+    (*fn_)(begin, std::min(begin + chunk_, count_), thread);
+  }
+}
+
+void ThreadPool::WorkerLoop(int32_t thread) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunChunks(thread);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t count, int64_t grain,
+                             const std::function<void(int64_t, int64_t, int32_t)>& fn) {
+  if (count <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  if (num_threads_ == 1 || count <= grain) {
+    fn(0, count, 0);
+    return;
+  }
+  // A few chunks per thread balance uneven work without much contention.
+  const int64_t chunks = std::min<int64_t>(count / grain, int64_t{num_threads_} * 4);
+  fn_ = &fn;
+  count_ = count;
+  chunk_ = (count + chunks - 1) / chunks;
+  next_.store(0, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = num_threads_ - 1;
+    ++generation_;
+  }
+  wake_.notify_all();
+  RunChunks(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return busy_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace tandem::worker

@@ -1,0 +1,176 @@
+#include "worker/model/llama_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tandem::worker {
+namespace {
+
+absl::StatusOr<const gguf::GgufTensor*> Tensor(const gguf::GgufFile& file, const std::string& name) {
+  const gguf::GgufTensor* t = file.FindTensor(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("the model has no tensor ", name));
+  return t;
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const gguf::LlamaConfig& config, Backend* backend, Stage stage)
+    : config_(config),
+      backend_(backend),
+      first_layer_(stage.first_layer),
+      end_layer_(stage.end_layer < 0 ? config.num_layers : stage.end_layer) {}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
+                                                             const gguf::LlamaConfig& config, Backend* backend,
+                                                             Stage stage) {
+  const int32_t end = stage.end_layer < 0 ? config.num_layers : stage.end_layer;
+  if (stage.first_layer < 0 || end > config.num_layers || stage.first_layer >= end) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", stage.first_layer, ", ", end,
+                                                   ") is not within the model's ", config.num_layers, " layers"));
+  }
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend, stage));
+  TANDEM_RETURN_IF_ERROR(model->LoadWeights(file));
+  return model;
+}
+
+absl::Status LlamaModel::LoadWeights(const gguf::GgufFile& file) {
+  auto load_matrix = [&](const std::string& name, Weight* w) -> absl::Status {
+    TANDEM_ASSIGN_OR_RETURN(const gguf::GgufTensor* t, Tensor(file, name));
+    TANDEM_ASSIGN_OR_RETURN(*w, backend_->LoadWeight(*t));
+    weight_bytes_ += static_cast<int64_t>(w->buffer->size());
+    return absl::OkStatus();
+  };
+  auto load_vector = [&](const std::string& name, std::unique_ptr<DeviceBuffer>* v) -> absl::Status {
+    TANDEM_ASSIGN_OR_RETURN(const gguf::GgufTensor* t, Tensor(file, name));
+    TANDEM_ASSIGN_OR_RETURN(*v, backend_->LoadVector(*t));
+    weight_bytes_ += static_cast<int64_t>((*v)->size());
+    return absl::OkStatus();
+  };
+  if (is_first_stage() || (is_last_stage() && config_.tied_embeddings)) {
+    TANDEM_RETURN_IF_ERROR(load_matrix("token_embd.weight", &embedding_));
+  }
+  if (is_last_stage()) {
+    TANDEM_RETURN_IF_ERROR(load_vector("output_norm.weight", &output_norm_));
+    if (!config_.tied_embeddings) TANDEM_RETURN_IF_ERROR(load_matrix("output.weight", &output_));
+  }
+  layers_.resize(end_layer_ - first_layer_);
+  for (int32_t i = first_layer_; i < end_layer_; ++i) {
+    Layer& layer = layers_[i - first_layer_];
+    const std::string prefix = absl::StrCat("blk.", i, ".");
+    TANDEM_RETURN_IF_ERROR(load_vector(prefix + "attn_norm.weight", &layer.attn_norm));
+    TANDEM_RETURN_IF_ERROR(load_vector(prefix + "ffn_norm.weight", &layer.ffn_norm));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "attn_q.weight", &layer.wq));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "attn_k.weight", &layer.wk));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "attn_v.weight", &layer.wv));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "attn_output.weight", &layer.wo));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "ffn_gate.weight", &layer.gate));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "ffn_up.weight", &layer.up));
+    TANDEM_RETURN_IF_ERROR(load_matrix(prefix + "ffn_down.weight", &layer.down));
+  }
+  return absl::OkStatus();
+}
+
+int64_t LlamaModel::KvBytesPerBlock(int32_t block_size) const {
+  // K and V, float32, per layer of this stage.
+  return int64_t{2} * block_size * config_.num_kv_heads * config_.head_dim * sizeof(float) * num_stage_layers();
+}
+
+absl::Status LlamaModel::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
+  const size_t bytes_per_layer =
+      static_cast<size_t>(num_blocks) * block_size * config_.num_kv_heads * config_.head_dim * sizeof(float);
+  for (Layer& layer : layers_) {
+    TANDEM_ASSIGN_OR_RETURN(layer.k_cache, backend_->Allocate(bytes_per_layer));
+    TANDEM_ASSIGN_OR_RETURN(layer.v_cache, backend_->Allocate(bytes_per_layer));
+  }
+  num_kv_blocks_ = num_blocks;
+  block_size_ = block_size;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::EnsureScratch(int32_t num_tokens) {
+  if (num_tokens <= scratch_tokens_) return absl::OkStatus();
+  const size_t t = static_cast<size_t>(std::max(num_tokens, 2 * scratch_tokens_));
+  const size_t f = sizeof(float);
+  const int32_t q_width = config_.num_heads * config_.head_dim;
+  const int32_t kv_width = config_.num_kv_heads * config_.head_dim;
+  TANDEM_ASSIGN_OR_RETURN(x_, backend_->Allocate(t * config_.hidden_size * f));
+  TANDEM_ASSIGN_OR_RETURN(h_, backend_->Allocate(t * config_.hidden_size * f));
+  TANDEM_ASSIGN_OR_RETURN(q_, backend_->Allocate(t * q_width * f));
+  TANDEM_ASSIGN_OR_RETURN(k_, backend_->Allocate(t * kv_width * f));
+  TANDEM_ASSIGN_OR_RETURN(v_, backend_->Allocate(t * kv_width * f));
+  TANDEM_ASSIGN_OR_RETURN(attn_, backend_->Allocate(t * q_width * f));
+  TANDEM_ASSIGN_OR_RETURN(gate_, backend_->Allocate(t * config_.intermediate_size * f));
+  TANDEM_ASSIGN_OR_RETURN(up_, backend_->Allocate(t * config_.intermediate_size * f));
+  TANDEM_ASSIGN_OR_RETURN(rows_, backend_->Allocate(t * config_.hidden_size * f));
+  scratch_tokens_ = static_cast<int32_t>(t);
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
+  const gguf::LlamaConfig& c = config_;
+  const int32_t n = in.num_tokens;
+  float* x = x_->as<float>();
+  float* h = h_->as<float>();
+  TANDEM_RETURN_IF_ERROR(backend_->RmsNorm({x, layer.attn_norm->as<float>(), h, n, c.hidden_size, c.rms_norm_eps}));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wq, n, q_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wk, n, k_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wv, n, v_->as<float>()}));
+  const float freq_scale = c.rope_scaling == gguf::RopeScaling::kLinear ? 1.0f / c.rope_scaling_factor : 1.0f;
+  TANDEM_RETURN_IF_ERROR(backend_->Rope({q_->as<float>(), k_->as<float>(), in.positions, n, c.num_heads,
+                                         c.num_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base, freq_scale}));
+  const KvCacheLayer cache{layer.k_cache->as<float>(), layer.v_cache->as<float>()};
+  TANDEM_RETURN_IF_ERROR(backend_->WriteKv(
+      {cache, k_->as<float>(), v_->as<float>(), in.kv_slots, n, c.num_kv_heads * c.head_dim}));
+  AttentionParams attention;
+  attention.cache = cache;
+  attention.q = q_->as<float>();
+  attention.out = attn_->as<float>();
+  attention.query_start = in.query_start;
+  attention.seq_lens = in.seq_lens;
+  attention.block_table_start = in.block_table_start;
+  attention.block_tables = in.block_tables;
+  attention.num_seqs = in.num_seqs;
+  attention.num_heads = c.num_heads;
+  attention.num_kv_heads = c.num_kv_heads;
+  attention.head_dim = c.head_dim;
+  attention.block_size = block_size_;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  TANDEM_RETURN_IF_ERROR(backend_->PagedAttention(attention));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({attn_->as<float>(), &layer.wo, n, x, /*accumulate=*/true}));
+
+  TANDEM_RETURN_IF_ERROR(backend_->RmsNorm({x, layer.ffn_norm->as<float>(), h, n, c.hidden_size, c.rms_norm_eps}));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.gate, n, gate_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.up, n, up_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(
+      backend_->SiluMul({gate_->as<float>(), up_->as<float>(), gate_->as<float>(), n, c.intermediate_size}));
+  return backend_->Matmul({gate_->as<float>(), &layer.down, n, x, /*accumulate=*/true});
+}
+
+absl::Status LlamaModel::Forward(const ForwardInputs& in, const float* hidden_in, float* hidden_out, float* logits) {
+  if (num_kv_blocks_ == 0) return absl::FailedPreconditionError("the KV cache is not allocated");
+  if (in.num_tokens <= 0) return absl::InvalidArgumentError("a forward pass needs at least one token");
+  TANDEM_RETURN_IF_ERROR(EnsureScratch(in.num_tokens));
+  const int64_t width = config_.hidden_size;
+  float* x = x_->as<float>();
+  if (is_first_stage()) {
+    TANDEM_RETURN_IF_ERROR(backend_->Embedding({&embedding_, in.input_ids, in.num_tokens, x}));
+  } else {
+    TANDEM_RETURN_IF_ERROR(backend_->CopyOnDevice(x, hidden_in, static_cast<size_t>(in.num_tokens) * width * sizeof(float)));
+  }
+  for (Layer& layer : layers_) TANDEM_RETURN_IF_ERROR(RunLayer(layer, in));
+  if (!is_last_stage()) {
+    return backend_->CopyOnDevice(hidden_out, x, static_cast<size_t>(in.num_tokens) * width * sizeof(float));
+  }
+  if (in.num_logits_rows == 0) return absl::OkStatus();
+  float* rows = rows_->as<float>();
+  TANDEM_RETURN_IF_ERROR(backend_->GatherRows({x, in.logits_rows, in.num_logits_rows, width, rows}));
+  TANDEM_RETURN_IF_ERROR(
+      backend_->RmsNorm({rows, output_norm_->as<float>(), rows, in.num_logits_rows, width, config_.rms_norm_eps}));
+  const Weight& head = config_.tied_embeddings ? embedding_ : output_;
+  return backend_->Matmul({rows, &head, in.num_logits_rows, logits});
+}
+
+}  // namespace tandem::worker
