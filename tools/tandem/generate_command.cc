@@ -10,6 +10,32 @@
 #include "tools/tandem/commands.h"
 
 namespace tandem::tools {
+namespace {
+
+std::string JsonIds(const std::vector<TokenId>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  return out + "]";
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
 
 int RunGenerate(const std::vector<std::string>& args) {
   std::string model = DefaultModelPath();
@@ -17,7 +43,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   int64_t max_tokens = 32, threads = 0, top_k = 0, seed = -1;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   int64_t kv_cache_memory = int64_t{1} << 30;
-  bool async_scheduling = true, ignore_eos = false;
+  bool async_scheduling = true, ignore_eos = false, json = false;
   FlagParser flags("tandem generate",
                    "Generates a continuation of --prompt with the in-process engine and prints it.\n"
                    "Greedy unless --temperature is above 0.");
@@ -33,6 +59,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddInt("threads", &threads, "CPU threads (0 = all)", 0, 1024);
   flags.AddBytes("kv-cache-memory", &kv_cache_memory, "KV cache budget");
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
+  flags.AddBool("json", &json, "print one JSON object with the prompt's and the output's token ids");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
@@ -78,7 +105,14 @@ int RunGenerate(const std::vector<std::string>& args) {
     return 1;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%s\n", (*engine)->tokenizer().Decode(result->tokens, /*skip_special=*/true).c_str());
+  const std::string text = (*engine)->tokenizer().Decode(result->tokens, /*skip_special=*/true);
+  if (json) {
+    std::printf("{\"prompt_ids\":%s,\"ids\":%s,\"text\":%s,\"finish_reason\":\"%s\"}\n", JsonIds(ids).c_str(),
+                JsonIds(result->tokens).c_str(), JsonString(text).c_str(),
+                scheduler::FinishReasonName(result->finish));
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
   std::fprintf(stderr, "[%zu prompt tokens, %zu generated (%s) in %.2f s, %.1f tokens/s; model loaded in %.2f s]\n",
                ids.size(), result->tokens.size(), scheduler::FinishReasonName(result->finish), seconds,
                result->tokens.size() / std::max(seconds, 1e-9), load_seconds);

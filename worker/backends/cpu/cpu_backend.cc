@@ -43,7 +43,8 @@ absl::Status Invalid(const char* kernel, const std::string& why) {
 
 CpuBackend::CpuBackend(int32_t num_threads)
     : pool_(num_threads > 0 ? num_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
-      sampler_scratch_(pool_.num_threads()) {}
+      sampler_scratch_(pool_.num_threads()),
+      attention_scratch_(pool_.num_threads()) {}
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
   auto buffer = std::make_unique<HostBuffer>(bytes);
@@ -170,8 +171,8 @@ absl::Status CpuBackend::PagedAttention(const AttentionParams& p) {
   const int32_t total_tokens = p.query_start[p.num_seqs];
   const int32_t kv_width = p.num_kv_heads * p.head_dim;
   // One work item per (token, head); find each token's sequence by search.
-  pool_.ParallelFor(int64_t{total_tokens} * p.num_heads, 4, [&](int64_t begin, int64_t end, int32_t) {
-    std::vector<float> acc(p.head_dim);
+  pool_.ParallelFor(int64_t{total_tokens} * p.num_heads, 4, [&](int64_t begin, int64_t end, int32_t thread) {
+    std::vector<float>& scores = attention_scratch_[thread];
     for (int64_t item = begin; item < end; ++item) {
       const int32_t t = static_cast<int32_t>(item / p.num_heads);
       const int32_t h = static_cast<int32_t>(item % p.num_heads);
@@ -182,39 +183,30 @@ absl::Status CpuBackend::PagedAttention(const AttentionParams& p) {
       const int32_t pos = p.seq_lens[seq] - num_queries + (t - p.query_start[seq]);
       const BlockId* table = p.block_tables + p.block_table_start[seq];
       const float* q = p.q + (int64_t{t} * p.num_heads + h) * p.head_dim;
-      const int32_t kv_head = h / group;
-      // Online softmax: one pass over the keys, no score buffer.
-      float max = -INFINITY;
-      float denom = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t j = 0; j <= pos; ++j) {
+      const int64_t head_offset = int64_t{h / group} * p.head_dim;
+      auto row = [&](const float* cache, int32_t j) {
         const int64_t slot = int64_t{table[j / p.block_size]} * p.block_size + j % p.block_size;
-        const int64_t at = slot * kv_width + int64_t{kv_head} * p.head_dim;
-        const float score = cpu::Dot(q, p.cache.k + at, p.head_dim) * p.scale;
-        if (score > max) {
-          const float correction = std::exp(max - score);
-          denom = denom * correction + 1.0f;
-          cpu::ScaleAdd(acc.data(), correction, 1.0f, p.cache.v + at, p.head_dim);
-          max = score;
-        } else {
-          const float weight = std::exp(score - max);
-          denom += weight;
-          cpu::ScaleAdd(acc.data(), 1.0f, weight, p.cache.v + at, p.head_dim);
-        }
+        return cache + slot * kv_width + head_offset;
+      };
+      if (scores.size() < static_cast<size_t>(pos + 1)) scores.resize(pos + 1);
+      float max = -INFINITY;
+      for (int32_t j = 0; j <= pos; ++j) {
+        scores[j] = cpu::Dot(q, row(p.cache.k, j), p.head_dim) * p.scale;
+        max = std::max(max, scores[j]);
       }
+      const float inv_sum = 1.0f / cpu::ExpShiftSum(scores.data(), max, pos + 1);
       float* out = p.out + (int64_t{t} * p.num_heads + h) * p.head_dim;
-      for (int32_t d = 0; d < p.head_dim; ++d) out[d] = acc[d] / denom;
+      std::fill(out, out + p.head_dim, 0.0f);
+      for (int32_t j = 0; j <= pos; ++j) cpu::ScaleAdd(out, 1.0f, scores[j] * inv_sum, row(p.cache.v, j), p.head_dim);
     }
   });
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::SiluMul(const SiluMulParams& p) {
+  if (p.out != p.gate) std::memmove(p.out, p.gate, static_cast<size_t>(p.rows * p.dim) * sizeof(float));
   pool_.ParallelFor(p.rows * p.dim, 4096, [&](int64_t begin, int64_t end, int32_t) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float g = p.gate[i];
-      p.out[i] = g / (1.0f + std::exp(-g)) * p.up[i];
-    }
+    cpu::SiluMul(p.out + begin, p.up + begin, end - begin);
   });
   return absl::OkStatus();
 }

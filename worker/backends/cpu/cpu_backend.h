@@ -50,6 +50,7 @@ class CpuBackend : public Backend {
  private:
   ThreadPool pool_;
   std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
+  std::vector<std::vector<float>> attention_scratch_;  // scores, one per pool thread
 };
 
 }  // namespace tandem::worker

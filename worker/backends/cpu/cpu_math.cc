@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+
 namespace tandem::worker::cpu {
 namespace {
 
@@ -59,17 +61,76 @@ __attribute__((target("avx2,fma"))) void ScaleAddAvx2(float* y, float scale, flo
   for (; i < n; ++i) y[i] = y[i] * scale + a * x[i];
 }
 
+float ExpShiftSumPortable(float* x, float shift, int64_t n) {
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+
+void SiluMulPortable(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i])) * y[i];
+}
+
+// exp(x) as 2^k * e^r with r in [-ln2/2, ln2/2] and a degree-6 polynomial
+// for e^r (Cephes' expf coefficients).
+__attribute__((target("avx2,fma"))) __m256 Exp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - k ln2, with ln2 split in two for precision.
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2,fma"))) float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = HorizontalSum(acc);
+  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) void SiluMulAvx2(float* x, const float* y, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(x + i);
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(silu, _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i])) * y[i];
+}
+
 struct Dispatch {
   bool avx2;
   float (*dot)(const float*, const float*, int64_t);
   void (*scale_add)(float*, float, float, const float*, int64_t);
+  float (*exp_shift_sum)(float*, float, int64_t);
+  void (*silu_mul)(float*, const float*, int64_t);
 };
 
 const Dispatch& Table() {
   static const Dispatch table = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2} : Dispatch{false, DotPortable, ScaleAddPortable};
+    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2}
+                : Dispatch{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable};
   }();
   return table;
 }
@@ -78,6 +139,8 @@ const Dispatch& Table() {
 
 float Dot(const float* a, const float* b, int64_t n) { return Table().dot(a, b, n); }
 void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n) { Table().scale_add(y, scale, a, x, n); }
+float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_sum(x, shift, n); }
+void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
 bool UsingAvx2() { return Table().avx2; }
 
 }  // namespace tandem::worker::cpu
