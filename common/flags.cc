@@ -1,6 +1,7 @@
 #include "common/flags.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -155,6 +156,18 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
     }
   }
   return absl::OkStatus();
+}
+
+std::optional<int> FlagParser::ParseOrExitCode(const std::vector<std::string>& args) {
+  if (absl::Status s = Parse(args); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (help_requested_) {
+    std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  return std::nullopt;
 }
 
 std::string FlagParser::Usage() const {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ class FlagParser {
   // `--name value`. Returns InvalidArgument naming the offending flag.
   // `help_requested()` is true after `--help`/`-h`.
   absl::Status Parse(const std::vector<std::string>& args);
+  // For a command's main: parses `args`; on an error prints it to stderr and
+  // returns 2, on --help prints the usage and returns 0; otherwise nullopt.
+  std::optional<int> ParseOrExitCode(const std::vector<std::string>& args);
   bool help_requested() const { return help_requested_; }
   std::string Usage() const;
 

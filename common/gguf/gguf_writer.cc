@@ -1,5 +1,7 @@
 #include "common/gguf/gguf_writer.h"
 
+#include "common/file_util.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -168,26 +170,7 @@ std::string GgufWriter::Serialize() const {
 }
 
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
-  // Write beside the target and rename, so a reader never sees half a file.
-  const std::string temp = path + ".tmp";
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
-  }
-  const std::string bytes = Serialize();
-  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || !wrote) {
-    const int error = wrote ? errno : write_errno;
-    std::remove(temp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", std::strerror(error)));
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path, ": ", std::strerror(error)));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, Serialize());
 }
 
 }  // namespace tandem::gguf

@@ -60,14 +60,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddBytes("kv-cache-memory", &kv_cache_memory, "KV cache budget");
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
   flags.AddBool("json", &json, "print one JSON object with the prompt's and the output's token ids");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   if (prompt.empty()) {
     std::fprintf(stderr, "tandem generate: --prompt is required\n");
     return 2;

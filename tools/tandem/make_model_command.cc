@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/flags.h"
 #include "common/gguf/ggml_types.h"
 #include "common/gguf/random_llama.h"
@@ -27,26 +28,6 @@ constexpr TypeFlag kTypes[] = {
     {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"bf16", GgmlType::kBF16},
     {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0}, {"q4_1", GgmlType::kQ4_1},
 };
-
-// Writes beside the target and renames, so a reader never sees half a file.
-absl::Status WriteFile(const std::string& path, const std::string& bytes) {
-  const std::string temp = path + ".tmp";
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
-  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || !wrote) {
-    const int error = wrote ? errno : write_errno;
-    std::remove(temp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", std::strerror(error)));
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path, ": ", std::strerror(error)));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -72,14 +53,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
   flags.AddBool("tied-embeddings", &o.tied_embeddings, "reuse token_embd.weight as the output projection");
   flags.AddDouble("rope-base", &o.rope_base, "RoPE frequency base");
   flags.AddDouble("rms-eps", &o.rms_eps, "RMSNorm epsilon");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   if (output.empty()) {
     std::fprintf(stderr, "tandem make-model: flag --output is required\n");
     return 2;
@@ -102,7 +76,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
   }
   int64_t parameters = 0;
   absl::StatusOr<std::string> image = gguf::MakeRandomLlama(o, &parameters);
-  absl::Status s = image.ok() ? WriteFile(output, *image) : image.status();
+  absl::Status s = image.ok() ? WriteFileAtomically(output, *image) : image.status();
   if (!s.ok()) {
     std::fprintf(stderr, "tandem make-model: %s\n", std::string(s.message()).c_str());
     return 1;

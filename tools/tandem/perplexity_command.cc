@@ -24,14 +24,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   flags.AddString("file", &path, "text file to score");
   flags.AddInt("context", &context, "tokens per chunk", 2, 1 << 20);
   flags.AddInt("threads", &threads, "CPU threads (0 = all)", 0, 1024);
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   std::ifstream in(path, std::ios::binary);
   if (path.empty() || !in) {
     std::fprintf(stderr, "tandem perplexity: cannot read --file '%s'\n", path.c_str());

@@ -184,14 +184,7 @@ int RunTrace(const std::vector<std::string>& args) {
   flags.AddInt("eos-at", &o.eos_at, "output position at which the model emits EOS (0 = never)", 0, 1 << 20);
   flags.AddInt("depth", &o.depth, "batch queue depth: 1 = synchronous, 2 = async, more = pipeline", 1, 64);
   flags.AddBool("json", &o.json, "one JSON object per event, then a summary line");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+  if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   if (absl::Status s = Trace(o); !s.ok()) {
     std::fprintf(stderr, "tandem trace: %s\n", std::string(s.message()).c_str());
     return 1;

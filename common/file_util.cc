@@ -1,0 +1,32 @@
+#include "common/file_util.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
+  const std::string temp = path + ".tmp";
+  std::FILE* f = std::fopen(temp.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", std::strerror(errno)));
+  }
+  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || !wrote) {
+    const int error = wrote ? errno : write_errno;
+    std::remove(temp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", temp, ": ", std::strerror(error)));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem
