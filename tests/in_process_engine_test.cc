@@ -19,7 +19,7 @@ namespace {
 std::string TinyModelPath() {
   static const std::string path = [] {
     gguf::RandomLlamaOptions options;
-    options.layers = 2;
+    options.layers = 3;  // up to three pipeline stages
     options.hidden = 64;
     options.heads = 4;
     options.kv_heads = 2;
@@ -150,6 +150,40 @@ TEST(InProcessEngineTest, AsyncAndSyncEnginesGiveTheSameTokens) {
   ASSERT_TRUE(results.ok()) << results.status();
   for (auto& [id, g] : *results) EXPECT_EQ(g.tokens, expected.at(id)) << "request " << id;
   EXPECT_GT(preempting->engine().scheduler().stats().num_preemptions, 0);
+}
+
+// Pipeline stages as threads: every split of the layers, async or not, gives
+// the same tokens as one stage, also when the pool forces preemption.
+TEST(InProcessEngineTest, PipelineStagesGiveTheSameTokens) {
+  auto make = [] {
+    std::vector<scheduler::RequestSpec> r;
+    for (int i = 0; i < 10; ++i) {
+      const bool sampled = i % 3 == 2;
+      r.push_back(Request(i, Prompt(60 + i, 3 + 9 * i), 8 + 2 * i, sampled ? 0.9f : 0.0f,
+                          sampled ? std::optional<uint64_t>(500 + i) : std::nullopt));
+    }
+    return r;
+  };
+  LocalEngineOptions reference_options = TestOptions();
+  reference_options.async_scheduling = false;
+  const auto expected = RunAll(*MakeEngine(reference_options), make());
+  for (int32_t stages : {2, 3}) {
+    for (bool async : {true, false}) {
+      for (bool tight : {false, true}) {
+        LocalEngineOptions options = TestOptions();
+        options.pipeline_parallel_size = stages;
+        options.async_scheduling = async;
+        if (tight) {
+          options.kv_cache_bytes = MakeEngine(options)->kv_bytes_per_block() * 13;
+          options.max_model_len = 176;
+        }
+        auto engine = MakeEngine(options);
+        EXPECT_EQ(RunAll(*engine, make()), expected)
+            << stages << " stages, async " << async << ", tight " << tight;
+        if (tight) EXPECT_GT(engine->engine().scheduler().stats().num_preemptions, 0);
+      }
+    }
+  }
 }
 
 TEST(InProcessEngineTest, TheSameSeedGivesTheSameTokensWhateverTheBatch) {

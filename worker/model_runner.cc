@@ -41,7 +41,10 @@ SamplingOptions ToSamplingOptions(const v1::SamplingParams& p) {
 }
 
 ModelRunner::ModelRunner(Backend* backend, LlamaModel* model, ModelRunnerOptions options)
-    : backend_(backend), model_(model), options_(options) {}
+    : backend_(backend), model_(model), options_(options) {
+  TANDEM_CHECK(options_.communicator != nullptr || (model->is_first_stage() && model->is_last_stage()))
+      << "a pipeline stage needs a communicator";
+}
 
 absl::Status ModelRunner::EnsureCapacity(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes, bool keep) {
   if (buffer != nullptr && buffer->size() >= bytes) return absl::OkStatus();
@@ -162,7 +165,7 @@ absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
 }
 
 absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
-  if (!pending_.empty() && !pending_.back().sampled) {
+  if (last_stage() && !pending_.empty() && !pending_.back().sampled) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step.step_seq(), " executed before step ",
                                                       pending_.back().seq, " was sampled"));
   }
@@ -177,6 +180,8 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
   std::vector<BlockId> tables;
   PendingStep pending;
   pending.seq = step.step_seq();
+  IncomingTokens incoming{step.step_seq(), {}};
+  uint64_t needed_tokens = 0;  // newest step whose sample this step's inputs need
   for (int i = 0; i < step.scheduled_request_ids_size(); ++i) {
     const RequestId id = step.scheduled_request_ids(i);
     const int32_t n = step.num_scheduled_tokens(i);
@@ -190,11 +195,14 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
     }
     const bool samples = StepSamples(start, n, slot.total_len);
     for (int32_t p = start; p < start + n; ++p) {
-      if (p == slot.total_len - 1 && slot.last_sampled_valid) {
-        // The token this worker sampled last: filled in on the device.
+      if (!first_stage()) {
+        ids.push_back(0);  // later stages take hidden states, not ids
+      } else if (p == slot.total_len - 1 && slot.last_sampled_valid) {
+        // The token this group sampled last: filled in on the device.
         targets.push_back(static_cast<int32_t>(ids.size()));
         target_slots.push_back(it->second);
         ids.push_back(-1);
+        needed_tokens = std::max(needed_tokens, slot.last_sample_step);
       } else if (p < static_cast<int32_t>(slot.tokens.size())) {
         ids.push_back(slot.tokens[p]);
       } else {
@@ -214,11 +222,19 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
     if (samples) {
       logits_row = static_cast<int32_t>(logits_rows.size());
       logits_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      incoming.slots.emplace_back(it->second, slot.generation);
     }
-    pending.rows.push_back({id, it->second, slot.generation, samples, logits_row});
+    pending.rows.push_back({id, it->second, slot.generation, samples, logits_row, slot.total_len});
     slot.num_computed += n;
+    if (samples) {
+      // The token exists for the group from now on; its id follows.
+      ++slot.total_len;
+      slot.last_sampled_valid = true;
+      slot.last_sample_step = step.step_seq();
+    }
   }
   if (ids.empty()) return Mismatch("a step with no tokens");
+  if (first_stage() && needed_tokens > 0 && !last_stage()) TANDEM_RETURN_IF_ERROR(ReceiveTokensThrough(needed_tokens));
 
   auto upload = [&](std::unique_ptr<DeviceBuffer>& buffer, const auto& host) -> absl::Status {
     const size_t bytes = host.size() * sizeof(host[0]);
@@ -233,7 +249,7 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
   TANDEM_RETURN_IF_ERROR(upload(block_table_start_, table_start));
   TANDEM_RETURN_IF_ERROR(upload(block_tables_, tables));
   TANDEM_RETURN_IF_ERROR(upload(logits_rows_, logits_rows));
-  if (!targets.empty()) {
+  if (first_stage() && !targets.empty()) {
     TANDEM_RETURN_IF_ERROR(upload(sub_targets_, targets));
     TANDEM_RETURN_IF_ERROR(upload(sub_slots_, target_slots));
     TANDEM_RETURN_IF_ERROR(backend_->CopyTokens({input_ids_->as<TokenId>(), sub_targets_->as<int32_t>(),
@@ -241,7 +257,14 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
                                                  static_cast<int32_t>(targets.size())}));
   }
   const int32_t vocab = model_->config().vocab_size;
-  TANDEM_RETURN_IF_ERROR(EnsureCapacity(logits_, logits_rows.size() * vocab * sizeof(float), false));
+  const size_t hidden_bytes = ids.size() * model_->config().hidden_size * sizeof(float);
+  if (last_stage()) TANDEM_RETURN_IF_ERROR(EnsureCapacity(logits_, logits_rows.size() * vocab * sizeof(float), false));
+  if (!first_stage()) {
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(hidden_in_, hidden_bytes, false));
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Recv(options_.communicator->rank() - 1, hidden_in_->data(), hidden_bytes,
+                                                       options_.peer_timeout));
+  }
+  if (!last_stage()) TANDEM_RETURN_IF_ERROR(EnsureCapacity(hidden_out_, hidden_bytes, false));
 
   ForwardInputs in;
   in.input_ids = input_ids_->as<TokenId>();
@@ -255,9 +278,60 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
   in.num_seqs = static_cast<int32_t>(seq_lens.size());
   in.logits_rows = logits_rows_->as<int32_t>();
   in.num_logits_rows = static_cast<int32_t>(logits_rows.size());
-  TANDEM_RETURN_IF_ERROR(model_->Forward(in, nullptr, nullptr, logits_->as<float>()));
+  TANDEM_RETURN_IF_ERROR(model_->Forward(in, first_stage() ? nullptr : hidden_in_->as<float>(),
+                                         last_stage() ? nullptr : hidden_out_->as<float>(),
+                                         last_stage() ? logits_->as<float>() : nullptr));
+  if (!last_stage()) {
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Send(options_.communicator->rank() + 1, hidden_out_->data(), hidden_bytes));
+    if (first_stage() && !incoming.slots.empty()) incoming_.push_back(std::move(incoming));
+    return absl::OkStatus();
+  }
   pending_.push_back(std::move(pending));
   return absl::OkStatus();
+}
+
+absl::Status ModelRunner::ReceiveTokensThrough(uint64_t seq) {
+  while (!incoming_.empty() && incoming_.front().seq <= seq) {
+    IncomingTokens& next = incoming_.front();
+    const int32_t rows = static_cast<int32_t>(next.slots.size());
+    const size_t bytes = sizeof(uint64_t) + rows * sizeof(TokenId);
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_message_, bytes, false));
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Recv(options_.communicator->world_size() - 1,
+                                                       token_message_->data(), bytes, options_.peer_timeout));
+    uint64_t got = 0;
+    TANDEM_ASSIGN_OR_RETURN(auto copied, backend_->DownloadAsync(token_message_->data(), &got, sizeof(got)));
+    TANDEM_RETURN_IF_ERROR(copied->Wait());
+    if (got != next.seq) {
+      return absl::DataLossError(absl::StrCat("expected the sampled ids of step ", next.seq, ", got step ", got));
+    }
+    // Rows whose request finished meanwhile are skipped: their slot may be reused.
+    std::vector<int32_t> dst, src;
+    for (int32_t r = 0; r < rows; ++r) {
+      if (slots_[next.slots[r].first].generation != next.slots[r].second) continue;
+      dst.push_back(next.slots[r].first);
+      src.push_back(r);
+    }
+    if (!dst.empty()) {
+      TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_slots_, dst.size() * sizeof(int32_t), false));
+      TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_rows_, src.size() * sizeof(int32_t), false));
+      TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_slots_, 0, dst.data(), dst.size() * sizeof(int32_t)));
+      TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_rows_, 0, src.data(), src.size() * sizeof(int32_t)));
+      const auto* tokens = reinterpret_cast<const TokenId*>(token_message_->as<char>() + sizeof(uint64_t));
+      TANDEM_RETURN_IF_ERROR(backend_->CopyTokens({last_sampled_->as<TokenId>(), token_slots_->as<int32_t>(), tokens,
+                                                   token_rows_->as<int32_t>(), static_cast<int32_t>(dst.size())}));
+    }
+    incoming_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::SendTokensToFirstStage(uint64_t seq, int32_t num_rows) {
+  const size_t bytes = sizeof(uint64_t) + num_rows * sizeof(TokenId);
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_message_, bytes, false));
+  TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_message_, 0, &seq, sizeof(seq)));
+  TANDEM_RETURN_IF_ERROR(backend_->CopyOnDevice(token_message_->as<char>() + sizeof(uint64_t), sampled_->data(),
+                                                num_rows * sizeof(TokenId)));
+  return options_.communicator->Send(0, token_message_->data(), bytes);
 }
 
 absl::Status ModelRunner::Absorb(PendingStep& step) {
@@ -274,6 +348,7 @@ absl::Status ModelRunner::Absorb(PendingStep& step) {
 }
 
 absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
+  if (!last_stage()) return absl::FailedPreconditionError("only the last pipeline stage samples");
   auto it = std::find_if(pending_.begin(), pending_.end(), [](const PendingStep& p) { return !p.sampled; });
   if (it == pending_.end() || it->seq != command.step_seq()) {
     return absl::FailedPreconditionError(absl::StrCat("step ", command.step_seq(), " is not awaiting sampling"));
@@ -307,7 +382,7 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
       if (grammar.request_ids(g) == row.id) s.allowed = grammar.bitmask().data() + g * grammar.words_per_row();
     }
     s.rng_key = slot.rng_key;
-    s.position = slot.total_len;
+    s.position = row.position;
     rows.push_back(s);
     row_slots.push_back(row.slot);
     step.max_top = std::max(step.max_top, slot.options.logprobs);
@@ -337,13 +412,13 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   params.top_ids = with_logprobs ? top_ids_->as<TokenId>() : nullptr;
   params.max_top = max_top;
   TANDEM_RETURN_IF_ERROR(backend_->Sample(params));
-  // The samples stay on the device for the next step's inputs.
-  TANDEM_RETURN_IF_ERROR(backend_->Upload(*sampled_slots_, 0, row_slots.data(), num_rows * sizeof(int32_t)));
-  TANDEM_RETURN_IF_ERROR(backend_->CopyTokens(
-      {last_sampled_->as<TokenId>(), sampled_slots_->as<int32_t>(), sampled_->as<TokenId>(), nullptr, num_rows}));
-  for (int32_t slot : row_slots) {
-    ++slots_[slot].total_len;
-    slots_[slot].last_sampled_valid = true;
+  if (first_stage()) {
+    // The samples stay on the device for the next step's inputs.
+    TANDEM_RETURN_IF_ERROR(backend_->Upload(*sampled_slots_, 0, row_slots.data(), num_rows * sizeof(int32_t)));
+    TANDEM_RETURN_IF_ERROR(backend_->CopyTokens(
+        {last_sampled_->as<TokenId>(), sampled_slots_->as<int32_t>(), sampled_->as<TokenId>(), nullptr, num_rows}));
+  } else {
+    TANDEM_RETURN_IF_ERROR(SendTokensToFirstStage(step.seq, num_rows));  // worker to worker
   }
   step.tokens.resize(num_rows);
   if (with_logprobs) {

@@ -1,7 +1,10 @@
 #include "tools/engine/local_engine.h"
 
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <thread>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -36,22 +39,48 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const LocalEngi
   TANDEM_ASSIGN_OR_RETURN(TokenizerData tokenizer_data, ReadTokenizerData(*e->file_));
   TANDEM_ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::Create(std::move(tokenizer_data)));
 
-  e->backend_ = std::make_unique<worker::CpuBackend>(options.threads);
-  TANDEM_ASSIGN_OR_RETURN(e->model_, worker::LlamaModel::Load(*e->file_, e->config_, e->backend_.get(), {}));
-  const int64_t per_block = e->model_->KvBytesPerBlock(options.block_size);
-  const int64_t blocks = options.kv_cache_bytes / per_block;
+  const int32_t stages = options.pipeline_parallel_size;
+  if (stages < 1 || stages > e->config_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline_parallel_size must be in [1, ", e->config_.num_layers,
+                                                   "] (the model's layers), got ", stages));
+  }
+  // Each stage gets its share of the threads, and the KV budget for itself,
+  // as a worker process would; the pool is what the smallest stage holds.
+  const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const int32_t threads = std::max(1, (options.threads > 0 ? options.threads : hardware) / stages);
+  int64_t blocks = std::numeric_limits<int64_t>::max();
+  for (int32_t s = 0; s < stages; ++s) {
+    e->backends_.push_back(std::make_unique<worker::CpuBackend>(threads));
+    TANDEM_ASSIGN_OR_RETURN(auto model, worker::LlamaModel::Load(*e->file_, e->config_, e->backends_.back().get(),
+                                                                 worker::PipelineStage(e->config_.num_layers, stages, s)));
+    blocks = std::min(blocks, options.kv_cache_bytes / model->KvBytesPerBlock(options.block_size));
+    e->models_.push_back(std::move(model));
+  }
   if (blocks < 2) {
     return absl::InvalidArgumentError(absl::StrCat("a KV cache of ", options.kv_cache_bytes, " bytes holds ", blocks,
-                                                   " blocks of ", per_block, " bytes; at least 2 are needed"));
+                                                   " blocks of ", e->kv_bytes_per_block(), " bytes; at least 2 are needed"));
   }
   e->num_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 24));
-  TANDEM_RETURN_IF_ERROR(e->model_->AllocateKvCache(e->num_kv_blocks_, options.block_size));
-
+  if (stages > 1) e->hub_ = std::make_unique<worker::LoopbackHub>(stages);
   worker::ModelRunnerOptions runner_options;
   runner_options.block_size = options.block_size;
   runner_options.unseeded_rng_key = options.seed != 0 ? options.seed : std::random_device{}();
-  e->runner_ = std::make_unique<worker::ModelRunner>(e->backend_.get(), e->model_.get(), runner_options);
-  e->executor_ = std::make_unique<InProcessExecutor>(e->runner_.get());
+  std::vector<worker::ModelRunner*> runners;
+  for (int32_t s = 0; s < stages; ++s) {
+    TANDEM_RETURN_IF_ERROR(e->models_[s]->AllocateKvCache(e->num_kv_blocks_, options.block_size));
+    if (stages > 1) {
+      e->communicators_.push_back(std::make_unique<worker::LoopbackCommunicator>(e->hub_.get(), s));
+      runner_options.communicator = e->communicators_.back().get();
+    }
+    e->runners_.push_back(
+        std::make_unique<worker::ModelRunner>(e->backends_[s].get(), e->models_[s].get(), runner_options));
+    runners.push_back(e->runners_.back().get());
+  }
+  if (stages == 1) {
+    e->executor_ = std::make_unique<InProcessExecutor>(runners[0]);
+  } else {
+    e->executor_ = std::make_unique<PipelineExecutor>(runners, e->hub_.get(), absl::Seconds(60));
+  }
 
   scheduler::EngineConfig config;
   config.block_size = options.block_size;
@@ -64,11 +93,18 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const LocalEngi
   config.enable_prefix_caching = options.enable_prefix_caching;
   config.async_scheduling = options.async_scheduling;
   config.vocab_size = e->config_.vocab_size;
+  config.pipeline_parallel_size = stages;
   // Per process, so prefix-cache keys cannot be predicted from outside.
   config.prefix_cache_hash_seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   TANDEM_ASSIGN_OR_RETURN(e->scheduler_, scheduler::Scheduler::Create(config));
   e->engine_ = std::make_unique<scheduler::EngineCore>(e->scheduler_.get(), e->executor_.get());
   return e;
+}
+
+int64_t LocalEngine::kv_bytes_per_block() const {
+  int64_t bytes = 0;
+  for (const auto& model : models_) bytes = std::max(bytes, model->KvBytesPerBlock(scheduler_ ? scheduler_->config().block_size : 16));
+  return bytes;
 }
 
 absl::StatusOr<std::map<RequestId, Generation>> LocalEngine::Run(std::vector<scheduler::RequestSpec> requests) {

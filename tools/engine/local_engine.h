@@ -1,8 +1,9 @@
 // File: tools/engine/local_engine.h
 //
 // LocalEngine: the whole engine in one process: a GGUF model on the CPU
-// backend, its tokenizer, a ModelRunner, the Scheduler and the EngineCore
-// loop, sized from one options struct. `tandem generate`, the benchmarks and
+// backend, its tokenizer, one ModelRunner per pipeline stage (stages run as
+// threads, connected by loopback communicators), the Scheduler and the
+// EngineCore loop, sized from one options struct. `tandem generate`, the benchmarks and
 // the cross-component tests use it.
 //
 //   TANDEM_ASSIGN_OR_RETURN(auto engine, LocalEngine::Create(options));
@@ -25,6 +26,8 @@
 #include "scheduler/engine_core.h"
 #include "scheduler/scheduler.h"
 #include "tools/engine/in_process_executor.h"
+#include "tools/engine/pipeline_executor.h"
+#include "worker/comm/loopback_communicator.h"
 #include "worker/backends/cpu/cpu_backend.h"
 #include "worker/model/llama_model.h"
 #include "worker/model_runner.h"
@@ -33,7 +36,8 @@ namespace tandem::tools {
 
 struct LocalEngineOptions {
   std::string model_path;
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // KV cache budget
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // KV cache budget of each stage
+  int32_t pipeline_parallel_size = 1;
   int32_t threads = 0;                        // 0: every hardware thread
   bool async_scheduling = true;
   int32_t block_size = 16;
@@ -60,7 +64,8 @@ class LocalEngine {
   scheduler::EngineCore& engine() { return *engine_; }
   // How many KV blocks fit in the budget (the pool holds these, block 0 unused).
   int32_t num_kv_blocks() const { return num_kv_blocks_; }
-  int64_t kv_bytes_per_block() const { return model_->KvBytesPerBlock(scheduler_->config().block_size); }
+  // KV bytes per block of the largest stage.
+  int64_t kv_bytes_per_block() const;
 
   // Runs every request to completion and returns what each got.
   absl::StatusOr<std::map<RequestId, Generation>> Run(std::vector<scheduler::RequestSpec> requests);
@@ -73,10 +78,12 @@ class LocalEngine {
   std::unique_ptr<gguf::GgufFile> file_;
   gguf::LlamaConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<worker::CpuBackend> backend_;
-  std::unique_ptr<worker::LlamaModel> model_;
-  std::unique_ptr<worker::ModelRunner> runner_;
-  std::unique_ptr<InProcessExecutor> executor_;
+  std::vector<std::unique_ptr<worker::CpuBackend>> backends_;  // one per stage
+  std::vector<std::unique_ptr<worker::LlamaModel>> models_;
+  std::unique_ptr<worker::LoopbackHub> hub_;
+  std::vector<std::unique_ptr<worker::LoopbackCommunicator>> communicators_;
+  std::vector<std::unique_ptr<worker::ModelRunner>> runners_;
+  std::unique_ptr<scheduler::Executor> executor_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<scheduler::EngineCore> engine_;
   int32_t num_kv_blocks_ = 0;

@@ -1,5 +1,6 @@
 #include "worker/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -16,6 +17,13 @@ absl::StatusOr<const gguf::GgufTensor*> Tensor(const gguf::GgufFile& file, const
 }
 
 }  // namespace
+
+LlamaModelStage PipelineStage(int32_t num_layers, int32_t num_stages, int32_t stage) {
+  const int32_t base = num_layers / num_stages;
+  const int32_t extra = num_layers % num_stages;
+  const int32_t first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
 
 LlamaModel::LlamaModel(const gguf::LlamaConfig& config, Backend* backend, Stage stage)
     : config_(config),

@@ -27,6 +27,11 @@
 
 namespace tandem::worker {
 
+struct LlamaModelStage {
+  int32_t first_layer = 0;
+  int32_t end_layer = -1;  // -1: the last layer
+};
+
 // One step's flattened batch, in device memory.
 struct ForwardInputs {
   const TokenId* input_ids = nullptr;     // [num_tokens], first stage
@@ -42,12 +47,13 @@ struct ForwardInputs {
   int32_t num_logits_rows = 0;
 };
 
+// Layers [first, end) of pipeline stage `stage` of `num_stages`: contiguous
+// ranges, the earlier stages taking one more layer when they do not divide.
+LlamaModelStage PipelineStage(int32_t num_layers, int32_t num_stages, int32_t stage);
+
 class LlamaModel {
  public:
-  struct Stage {
-    int32_t first_layer = 0;
-    int32_t end_layer = -1;  // -1: the last layer
-  };
+  using Stage = LlamaModelStage;
 
   // Loads the stage's weights into `backend` (which must outlive the model).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,

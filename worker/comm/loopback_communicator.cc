@@ -1,0 +1,56 @@
+#include "worker/comm/loopback_communicator.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::worker {
+
+LoopbackHub::LoopbackHub(int32_t world_size) : world_size_(world_size), queues_(world_size * world_size) {}
+
+void LoopbackHub::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  changed_.notify_all();
+}
+
+absl::Status LoopbackCommunicator::Send(int32_t peer, const void* data, size_t bytes) {
+  if (peer < 0 || peer >= world_size() || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot send to rank ", peer));
+  }
+  {
+    std::lock_guard<std::mutex> lock(hub_->mu_);
+    if (hub_->closed_) return absl::UnavailableError("the pipeline group is closed");
+    hub_->At(rank_, peer).messages.emplace_back(static_cast<const char*>(data), bytes);
+  }
+  hub_->changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status LoopbackCommunicator::Recv(int32_t peer, void* data, size_t bytes, absl::Duration timeout) {
+  if (peer < 0 || peer >= world_size() || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot receive from rank ", peer));
+  }
+  std::unique_lock<std::mutex> lock(hub_->mu_);
+  auto& queue = hub_->At(peer, rank_).messages;
+  const bool arrived = hub_->changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                              [&] { return hub_->closed_ || !queue.empty(); });
+  if (hub_->closed_) return absl::UnavailableError("the pipeline group is closed");
+  if (!arrived) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", rank_, ": nothing from rank ", peer, " within ", absl::FormatDuration(timeout)));
+  }
+  const std::string message = std::move(queue.front());
+  queue.pop_front();
+  if (message.size() != bytes) {
+    return absl::DataLossError(absl::StrCat("rank ", rank_, " expected ", bytes, " bytes from rank ", peer,
+                                            ", got ", message.size()));
+  }
+  std::memcpy(data, message.data(), bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::worker
