@@ -63,6 +63,13 @@ class EngineCore {
   // output is returned as an error; the engine must then be torn down.
   absl::StatusOr<EngineStepResult> Step();
 
+  // After the executor failed: forgets every step in flight (the scheduler
+  // has failed their requests) so the loop can start over with a new group.
+  void DropInFlight() {
+    in_flight_.clear();
+    awaiting_sample_.reset();
+  }
+
   bool HasWork() const { return scheduler_->HasRequests() || !in_flight_.empty() || !pending_aborts_.empty(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   // Executed steps not yet updated, oldest first.

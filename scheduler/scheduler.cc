@@ -88,6 +88,34 @@ void Scheduler::AbortRequests(absl::Span<const RequestId> ids, std::vector<Reque
   }
 }
 
+void Scheduler::FailStartedRequests(const absl::Status& error, std::vector<RequestOutput>* outputs) {
+  // Nothing in flight will ever be processed: every fence has passed.
+  processed_step_seq_ = sched_step_seq_;
+  DrainDeferredFrees();
+  std::vector<Request*> failed;
+  requests_.ForEach([&failed](const Request& r) {
+    if (r.status == RequestStatus::kRunning || r.status == RequestStatus::kPreempted || r.num_in_flight_tokens > 0) {
+      failed.push_back(const_cast<Request*>(&r));
+    }
+  });
+  running_.clear();
+  for (Request* r : failed) {
+    if (r->status != RequestStatus::kRunning && !waiting_.Remove(r)) skipped_waiting_.Remove(r);
+    r->error = error;
+    FinishRequest(r, RequestStatus::kFinishedError);
+    RequestOutput& out = outputs->emplace_back();
+    out.id = r->id();
+    out.finish_reason = FinishReason::kError;
+    out.error = error;
+    out.num_output_tokens = r->num_output_tokens();
+    requests_.Erase(r);
+  }
+  // Workers start the next group with no requests; what they held is gone.
+  finished_ids_.clear();
+  preempted_ids_.clear();
+  TANDEM_CHECK(kv_.mutable_pool().ResetPrefixCache()) << "blocks still held after failing every started request";
+}
+
 bool Scheduler::CanFreeBlocksNow(const Request& request) const {
   return !defer_block_free_ || request.last_sched_seq <= processed_step_seq_;
 }

@@ -75,6 +75,13 @@ class Scheduler {
   // UpdateFromOutput, so an abort during a request's final step wins.
   void AbortRequests(absl::Span<const RequestId> ids, std::vector<RequestOutput>* outputs);
 
+  // After the executor failed (a worker died, a step timed out): every step
+  // in flight is lost. Finishes every request that has run, is running or
+  // has output in flight with kFinishedError and `error`, returns all blocks,
+  // forgets the prefix cache (the workers' KV is gone) and appends one output
+  // per failed request. Requests that never ran stay queued.
+  void FailStartedRequests(const absl::Status& error, std::vector<RequestOutput>* outputs);
+
   // Plans the next step. An output with no scheduled tokens is not to be
   // executed; what it would have told the workers waits for the next step.
   SchedulerOutput Schedule();

@@ -302,3 +302,40 @@ TEST(SchedulerTest, ResumedRequestHitsItsOwnCachedBlocks) {
 
 }  // namespace
 }  // namespace tandem::scheduler
+
+namespace tandem::scheduler {
+namespace {
+
+TEST(SchedulerFailureTest, FailStartedRequestsKeepsOnlyThoseThatNeverRan) {
+  EngineConfig config = testing::VllmTestConfig();
+  config.enable_prefix_caching = true;
+  config.block_size = 4;
+  config.num_gpu_blocks = 12;
+  config.max_model_len = 40;
+  config.max_num_seqs = 2;
+  auto scheduler = testing::MakeScheduler(config);
+  for (RequestId id = 0; id < 3; ++id) ASSERT_TRUE(scheduler->AddRequest(testing::MakeRequest(id, 8, 10)).ok());
+  std::deque<SchedulerOutput> in_flight;
+  in_flight.push_back(scheduler->Schedule());
+  in_flight.push_back(scheduler->Schedule());  // two steps in flight, request 2 waiting (max_num_seqs)
+  std::vector<RequestOutput> outputs;
+  scheduler->FailStartedRequests(absl::UnavailableError("worker rank 1 disconnected"), &outputs);
+  ASSERT_EQ(outputs.size(), 2u);
+  for (const RequestOutput& out : outputs) {
+    EXPECT_EQ(out.finish_reason, FinishReason::kError);
+    EXPECT_EQ(out.error.message(), "worker rank 1 disconnected");
+  }
+  EXPECT_EQ(scheduler->num_requests(), 1u);
+  EXPECT_EQ(scheduler->FindRequest(2)->status, RequestStatus::kWaiting);
+  EXPECT_EQ(scheduler->kv_cache().pool().num_free_blocks(), 11);
+  EXPECT_EQ(scheduler->kv_cache().pool().num_cached_entries(), 0u);
+  EXPECT_TRUE(InvariantChecker::Check(*scheduler, {}).ok());
+  // The next group serves the request that was waiting.
+  SchedulerOutput next = scheduler->Schedule();
+  ASSERT_EQ(next.new_requests.size(), 1u);
+  EXPECT_EQ(next.new_requests[0].id, 2);
+  EXPECT_TRUE(next.finished_request_ids.empty());
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

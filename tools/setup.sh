@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   g++ cmake ninja-build pkg-config
-  libabsl-dev libprotobuf-dev protobuf-compiler libxxhash-dev libre2-dev
+  libabsl-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libxxhash-dev libre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
 )

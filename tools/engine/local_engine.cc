@@ -12,20 +12,6 @@
 
 namespace tandem::tools {
 
-namespace {
-constexpr char kDefaultModel[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}  // namespace
-
-std::string DefaultModelPath() {
-  std::error_code error;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (!error) {
-    const std::filesystem::path in_tree = exe.parent_path().parent_path().parent_path() / kDefaultModel;
-    if (std::filesystem::exists(in_tree, error)) return in_tree.string();
-  }
-  return kDefaultModel;
-}
-
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(const LocalEngineOptions& options) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
   auto file = gguf::GgufFile::Open(options.model_path);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/default_model.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
 #include "common/tokenizer/tokenizer.h"
@@ -90,10 +91,6 @@ class LocalEngine {
   RequestId next_id_ = 1;
 };
 
-// The default model, models/SmolLM2-135M-Instruct.Q4_1.gguf, where
-// tools/setup.sh puts it: in the source tree this binary was built from
-// (build/bin/../../models), else under the working directory.
-std::string DefaultModelPath();
 
 }  // namespace tandem::tools
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "tools/engine/grpc_generate_client.h"
 #include "tools/engine/local_engine.h"
 #include "tools/tandem/commands.h"
 
@@ -35,6 +36,31 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+// Streams the request through a scheduler's Generate API.
+int GenerateRemote(const std::string& target, const std::string& prompt, const scheduler::SamplingParams& sampling,
+                   bool json) {
+  const auto start = std::chrono::steady_clock::now();
+  auto result = GenerateRemotely(target, prompt, sampling, [json](const std::string& text) {
+    if (json) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  });
+  if (!json) std::fputs("\n", stdout);
+  if (!result.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", std::string(result.status().message()).c_str());
+    return 1;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (json) {
+    std::printf("{\"ids\":%s,\"text\":%s,\"finish_reason\":\"%s\"}\n", JsonIds(result->tokens).c_str(),
+                JsonString(result->text).c_str(), result->finish_reason.c_str());
+  }
+  std::fprintf(stderr, "[%d prompt tokens, %zu generated (%s) in %.2f s, %.1f tokens/s; via %s]\n",
+               result->num_prompt_tokens, result->tokens.size(), result->finish_reason.c_str(), seconds,
+               result->tokens.size() / std::max(seconds, 1e-9), target.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args) {
@@ -44,11 +70,13 @@ int RunGenerate(const std::vector<std::string>& args) {
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   int64_t kv_cache_memory = int64_t{1} << 30;
   bool async_scheduling = true, ignore_eos = false, json = false;
+  std::string connect;
   FlagParser flags("tandem generate",
                    "Generates a continuation of --prompt with the in-process engine and prints it.\n"
                    "Greedy unless --temperature is above 0.");
   flags.AddString("model", &model, "GGUF model file (default: the SmolLM2 model fetched by tools/setup.sh)");
   flags.AddString("prompt", &prompt, "text to continue");
+  flags.AddString("connect", &connect, "a tandem-scheduler's HOST:PORT: generate there instead of in this process");
   flags.AddInt("max-tokens", &max_tokens, "tokens to generate at most", 1, 1 << 20);
   flags.AddDouble("temperature", &temperature, "sampling temperature; 0 = greedy");
   flags.AddDouble("top-p", &top_p, "nucleus sampling mass");
@@ -69,6 +97,16 @@ int RunGenerate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem generate: --temperature must be >= 0, --top-p in (0, 1], --min-p in [0, 1]\n");
     return 2;
   }
+  scheduler::SamplingParams sampling;
+  sampling.max_tokens = static_cast<int32_t>(max_tokens);
+  sampling.temperature = static_cast<float>(temperature);
+  sampling.top_p = static_cast<float>(top_p);
+  sampling.top_k = static_cast<int32_t>(top_k);
+  sampling.min_p = static_cast<float>(min_p);
+  sampling.ignore_eos = ignore_eos;
+  if (seed >= 0) sampling.seed = static_cast<uint64_t>(seed);
+  if (!connect.empty()) return GenerateRemote(connect, prompt, sampling, json);
+
   LocalEngineOptions options;
   options.model_path = model;
   options.threads = static_cast<int32_t>(threads);
@@ -82,14 +120,6 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  scheduler::SamplingParams sampling;
-  sampling.max_tokens = static_cast<int32_t>(max_tokens);
-  sampling.temperature = static_cast<float>(temperature);
-  sampling.top_p = static_cast<float>(top_p);
-  sampling.top_k = static_cast<int32_t>(top_k);
-  sampling.min_p = static_cast<float>(min_p);
-  sampling.ignore_eos = ignore_eos;
-  if (seed >= 0) sampling.seed = static_cast<uint64_t>(seed);
   const std::vector<TokenId> ids = (*engine)->tokenizer().Encode(prompt);
   const auto start = std::chrono::steady_clock::now();
   auto result = (*engine)->Generate(ids, sampling);

@@ -53,6 +53,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
   flags.AddBool("tied-embeddings", &o.tied_embeddings, "reuse token_embd.weight as the output projection");
   flags.AddDouble("rope-base", &o.rope_base, "RoPE frequency base");
   flags.AddDouble("rms-eps", &o.rms_eps, "RMSNorm epsilon");
+  flags.AddDouble("weight-scale", &o.weight_scale, "standard deviation of the random matrix weights (0.2 gives outputs that depend on the context)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   if (output.empty()) {
     std::fprintf(stderr, "tandem make-model: flag --output is required\n");

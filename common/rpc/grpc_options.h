@@ -1,0 +1,36 @@
+// File: common/rpc/grpc_options.h
+//
+// gRPC settings shared by every tandem channel and server, set explicitly
+// rather than left to library defaults (style-anchors §5): message size
+// limits, and keepalive pings on both sides so a worker that hangs or a
+// connection that silently drops is noticed within seconds, not at the next
+// TCP timeout. Also the one conversion between absl::Status and grpc::Status.
+#ifndef TANDEM_COMMON_RPC_GRPC_OPTIONS_H_
+#define TANDEM_COMMON_RPC_GRPC_OPTIONS_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+
+namespace tandem::rpc {
+
+struct RpcOptions {
+  // A step with a resumed 32k-token request is a few hundred KB; 16 MiB
+  // leaves room without hiding a design problem.
+  int max_message_bytes = 16 << 20;
+  int keepalive_time_ms = 2000;     // ping an idle connection this often
+  int keepalive_timeout_ms = 2000;  // and give up if the ping is not answered
+};
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcOptions& options = {});
+void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options = {});
+
+absl::Status ToAbsl(const grpc::Status& status);
+grpc::Status ToGrpc(const absl::Status& status);
+
+}  // namespace tandem::rpc
+
+#endif  // TANDEM_COMMON_RPC_GRPC_OPTIONS_H_

@@ -1,0 +1,153 @@
+// tandem-scheduler: the scheduler process. It serves the worker control
+// stream and the Generate API on one port, and runs the engine thread over
+// the group of workers that register with it.
+//
+//   tandem-scheduler --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 50051 --pipeline-parallel-size 2
+//
+// The model file gives the tokenizer and the model's limits; the scheduler
+// loads no weights. SIGINT or SIGTERM shut it down cleanly.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/default_model.h"
+#include "common/flags.h"
+#include "common/gguf/gguf_file.h"
+#include "common/gguf/llama_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "scheduler/rpc/grpc_scheduler_server.h"
+#include "scheduler/rpc/worker_group.h"
+#include "scheduler/serving_engine.h"
+#include "scheduler/step_trace.h"
+
+namespace tandem::scheduler {
+namespace {
+
+struct Flags {
+  std::string model = DefaultModelPath();
+  std::string host = "127.0.0.1";
+  int64_t port = 50051;
+  std::string port_file;
+  int64_t pipeline_parallel_size = 1;
+  int64_t max_num_seqs = 128;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;
+  int64_t block_size = 16;
+  bool async_scheduling = true;
+  bool enable_prefix_caching = true;
+  double step_timeout = 30.0;
+  std::string trace_steps;
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tandem-scheduler: %s\n", message.c_str());
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  FlagParser flags("tandem-scheduler",
+                   "The scheduler process: plans every step and streams it to the worker processes that\n"
+                   "register with it; serves the Generate API.");
+  flags.AddString("model", &f.model, "GGUF model (for the tokenizer and limits; no weights are loaded)");
+  flags.AddString("host", &f.host, "address to listen on");
+  flags.AddInt("port", &f.port, "port to listen on (0: any free port)", 0, 65535);
+  flags.AddString("port-file", &f.port_file, "write the port actually bound here");
+  flags.AddInt("pipeline-parallel-size", &f.pipeline_parallel_size, "worker processes (pipeline stages)", 1, 64);
+  flags.AddInt("max-num-seqs", &f.max_num_seqs, "running requests at most", 1, 1 << 20);
+  flags.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, "tokens per step", 1, 1 << 24);
+  flags.AddInt("max-model-len", &f.max_model_len, "positions per request (0: the model's, capped by the KV cache)",
+               0, 1 << 24);
+  flags.AddInt("block-size", &f.block_size, "tokens per KV block", 1, 1024);
+  flags.AddBool("async-scheduling", &f.async_scheduling, "plan step N+1 while step N runs");
+  flags.AddBool("enable-prefix-caching", &f.enable_prefix_caching, "reuse KV blocks of shared prefixes");
+  flags.AddDouble("step-timeout", &f.step_timeout, "seconds to wait for a step's result before failing it");
+  flags.AddString("trace-steps", &f.trace_steps, "write every step and result to this file as JSON lines");
+  if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
+    return *exit_code;
+  }
+  if (f.step_timeout <= 0) return Fail("flag --step-timeout must be positive");
+
+  auto file = gguf::GgufFile::Open(f.model);
+  if (!file.ok()) return Fail(absl::StrCat("cannot open --model ", f.model, ": ", file.status().message()));
+  auto model = gguf::ReadLlamaConfig(**file);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  auto tokenizer_data = ReadTokenizerData(**file);
+  if (!tokenizer_data.ok()) return Fail(std::string(tokenizer_data.status().message()));
+  auto tokenizer = Tokenizer::Create(std::move(tokenizer_data).value());
+  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+
+  EngineConfig config;
+  config.block_size = static_cast<int32_t>(f.block_size);
+  config.max_num_seqs = static_cast<int32_t>(f.max_num_seqs);
+  config.max_num_batched_tokens = static_cast<int32_t>(f.max_num_batched_tokens);
+  config.max_model_len = static_cast<int32_t>(f.max_model_len);  // 0: derived once the pool is known
+  config.enable_prefix_caching = f.enable_prefix_caching;
+  config.async_scheduling = f.async_scheduling;
+  config.pipeline_parallel_size = static_cast<int32_t>(f.pipeline_parallel_size);
+  config.vocab_size = model->vocab_size;
+  {
+    // Everything but the pool size can be checked now.
+    EngineConfig probe = config;
+    probe.max_model_len = config.max_model_len > 0 ? config.max_model_len : 2;
+    probe.num_gpu_blocks = 1 << 30;
+    if (absl::Status s = probe.Validate(); !s.ok()) return Fail(std::string(s.message()));
+  }
+
+  std::unique_ptr<StepTraceWriter> trace;
+  std::vector<StepObserver*> observers;
+  if (!f.trace_steps.empty()) {
+    auto writer = StepTraceWriter::Open(f.trace_steps);
+    if (!writer.ok()) return Fail(std::string(writer.status().message()));
+    trace = std::move(writer).value();
+    observers.push_back(trace.get());
+  }
+
+  std::unique_ptr<ServingEngine> engine;
+  WorkerGroupOptions group_options;
+  group_options.world_size = config.pipeline_parallel_size;
+  group_options.block_size = config.block_size;
+  group_options.step_timeout = absl::Seconds(f.step_timeout);
+  group_options.on_change = [&engine] {
+    if (engine) engine->Wake();
+  };
+  WorkerGroup group(group_options);
+  engine = std::make_unique<ServingEngine>(config, &group, observers, model->context_length);
+  auto server = SchedulerServer::Start(f.host, static_cast<int>(f.port), &group, engine.get(), tokenizer->get());
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  const int bound_port = (*server)->port();
+  if (!f.port_file.empty()) std::ofstream(f.port_file) << bound_port << "\n";
+  std::fprintf(stderr, "tandem-scheduler: listening on %s:%d for %lld worker(s); model %s\n", f.host.c_str(),
+               bound_port, static_cast<long long>(f.pipeline_parallel_size), model->name.c_str());
+  engine->Start();
+
+  // Block the termination signals here and wait for one.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::fprintf(stderr, "tandem-scheduler: shutting down (signal %d)\n", signal);
+  (*server)->Shutdown();
+  engine->Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
+
+int main(int argc, char** argv) {
+  // Block SIGINT/SIGTERM in every thread (gRPC's included) before any start:
+  // only Main's sigwait receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return tandem::scheduler::Main(argc, argv);
+}

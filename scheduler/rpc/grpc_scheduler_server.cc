@@ -1,0 +1,40 @@
+#include "scheduler/rpc/grpc_scheduler_server.h"
+
+#include <chrono>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_options.h"
+#include "scheduler/rpc/grpc_generate_service.h"
+#include "scheduler/rpc/grpc_worker_service.h"
+
+namespace tandem::scheduler {
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const std::string& host, int port,
+                                                                        WorkerGroup* group, ServingEngine* engine,
+                                                                        const Tokenizer* tokenizer) {
+  std::unique_ptr<SchedulerServer> s(new SchedulerServer());
+  s->worker_service_ = std::make_unique<GrpcWorkerService>(group);
+  s->generate_service_ = std::make_unique<GrpcGenerateService>(engine, tokenizer, group);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &s->port_);
+  rpc::ConfigureServer(&builder);
+  builder.RegisterService(s->worker_service_.get());
+  builder.RegisterService(s->generate_service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
+  }
+  return s;
+}
+
+SchedulerServer::~SchedulerServer() { Shutdown(); }
+
+void SchedulerServer::Shutdown() {
+  if (server_ == nullptr) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_.reset();
+}
+
+}  // namespace tandem::scheduler

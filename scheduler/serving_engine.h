@@ -1,0 +1,121 @@
+// File: scheduler/serving_engine.h
+//
+// ServingEngine: the scheduler process's engine thread (ARCHITECTURE §1).
+// Frontends (gRPC, HTTP) submit requests and aborts from their own threads;
+// they only enqueue. The engine thread owns the Scheduler and the EngineCore,
+// takes no locks while it schedules, and hands each request's outputs to the
+// RequestSink its frontend gave.
+//
+// The executor is an ExecutorGroup: the workers may not be ready yet, or may
+// fail. Requests wait (queued) until the group is ready; the KV pool is sized
+// from what the group reports. When a step fails (a worker died or stopped
+// answering), every request that was running fails with that error, the
+// waiting ones stay, and the group re-forms.
+//
+// Thread-safe: Submit, Abort, Wake and Snapshot from any thread; the rest
+// runs on the engine thread, started by Start and joined by Stop.
+#ifndef TANDEM_SCHEDULER_SERVING_ENGINE_H_
+#define TANDEM_SCHEDULER_SERVING_ENGINE_H_
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "scheduler/engine_core.h"
+#include "scheduler/scheduler.h"
+
+namespace tandem::scheduler {
+
+// An executor whose workers come and go (the WorkerGroup).
+class ExecutorGroup : public Executor {
+ public:
+  virtual bool ready() const = 0;
+  // KV blocks every worker holds; meaningful when ready.
+  virtual int32_t pool_blocks() const = 0;
+  // After a failed step: forget what was in flight and form again.
+  virtual void Reset() = 0;
+};
+
+// Where one request's outputs go. Called on the engine thread: must not block.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void OnOutput(const RequestOutput& output) = 0;
+};
+
+struct ServingSnapshot {
+  bool executor_ready = false;
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;   // including those waiting for the group
+  SchedulerStats stats;
+};
+
+class ServingEngine {
+ public:
+  // `config` is the engine's, except num_gpu_blocks (taken from the group)
+  // and, when it is 0, max_model_len (the model's context length, capped by
+  // what the pool holds). `group` and the observers must outlive the engine.
+  ServingEngine(EngineConfig config, ExecutorGroup* group, std::vector<StepObserver*> observers = {},
+                int32_t model_context_length = 0);
+  ~ServingEngine();
+
+  void Start();
+  void Stop();
+
+  // Queues a request. The id in `spec` is assigned here; `external_id`
+  // (unique among live requests, may be empty) is the client's name for it.
+  // Bad requests are answered through the sink with an error.
+  void Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink);
+  // Aborts a live request by its client's name; false if there is none.
+  bool Abort(const std::string& external_id);
+  // The group's readiness may have changed.
+  void Wake();
+  ServingSnapshot Snapshot() const;
+
+ private:
+  struct Submission {
+    std::string external_id;
+    RequestSpec spec;
+    std::shared_ptr<RequestSink> sink;
+  };
+
+  void Run();
+  absl::Status EnsureScheduler();
+  void Admit(Submission submission);
+  void Dispatch(const std::vector<RequestOutput>& outputs);
+  void HandleFailure(const absl::Status& status);
+  void FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status);
+  void PublishSnapshot();
+
+  const EngineConfig config_template_;
+  ExecutorGroup* const group_;
+  const std::vector<StepObserver*> observers_;
+  const int32_t model_context_length_;
+
+  // Inbox, shared with frontend threads.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Submission> submissions_;          // guarded by mu_
+  std::vector<std::string> aborts_;              // guarded by mu_
+  absl::flat_hash_map<std::string, RequestId> live_external_;  // guarded by mu_
+  bool woken_ = false;                           // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
+  ServingSnapshot snapshot_;                     // guarded by mu_
+  RequestId next_id_ = 1;                        // guarded by mu_
+
+  // Engine thread only.
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<EngineCore> engine_;
+  std::vector<Submission> waiting_for_group_;
+  absl::flat_hash_map<RequestId, std::shared_ptr<RequestSink>> sinks_;
+  absl::flat_hash_map<RequestId, std::string> external_of_;
+  std::thread thread_;
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_SERVING_ENGINE_H_

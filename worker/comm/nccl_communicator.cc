@@ -1,0 +1,219 @@
+// File: worker/comm/nccl_communicator.cc
+//
+// The communicator runs in NCCL's non-blocking mode (config.blocking = 0):
+// every call returns at once, possibly with ncclInProgress, and we poll
+// ncclCommGetAsyncError with our own deadline. That is what lets Create and
+// Recv time out and abort instead of hanging on a peer that never comes.
+#include "worker/comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace tandem::worker {
+namespace {
+
+// The one mapping from NCCL results to Status.
+absl::Status NcclStatus(ncclResult_t result, const char* what) {
+  if (result == ncclSuccess) return absl::OkStatus();
+  std::string message = absl::StrCat(what, ": ", std::string(ncclGetErrorString(result)));
+  const char* detail = ncclGetLastError(nullptr);
+  if (detail != nullptr && detail[0] != '\0')
+    absl::StrAppend(&message, " (", std::string(detail), ")");
+  switch (result) {
+    case ncclInvalidArgument: return absl::InvalidArgumentError(message);
+    case ncclInvalidUsage: return absl::FailedPreconditionError(message);
+    case ncclSystemError:  // sockets, shared memory, the network
+    case ncclRemoteError:  // a peer failed or went away
+    case ncclInProgress: return absl::UnavailableError(message);
+    default: return absl::InternalError(message);  // unhandled CUDA error, internal error
+  }
+}
+
+// The one mapping from CUDA runtime errors to Status.
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  std::string message = absl::StrCat(what, ": ", std::string(cudaGetErrorName(error)), ": ",
+                                     std::string(cudaGetErrorString(error)));
+  switch (error) {
+    case cudaErrorMemoryAllocation: return absl::ResourceExhaustedError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice: return absl::FailedPreconditionError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidResourceHandle: return absl::InvalidArgumentError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+// Polls cheaply at first (a transfer often ends within microseconds), then
+// backs off to 1 ms so a long wait does not burn a core.
+class Backoff {
+ public:
+  void Wait() {
+    absl::SleepFor(delay_);
+    delay_ = std::min(delay_ * 2, absl::Milliseconds(1));
+  }
+
+ private:
+  absl::Duration delay_ = absl::Microseconds(5);
+};
+
+// Waits while `comm` is in progress. OK once it is idle and healthy.
+absl::Status WaitForComm(ncclComm_t comm, absl::Time deadline, const char* what) {
+  Backoff backoff;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    TANDEM_RETURN_IF_ERROR(
+        NcclStatus(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError"));
+    if (state != ncclInProgress) return NcclStatus(state, what);
+    if (absl::Now() >= deadline)
+      return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+    backoff.Wait();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> NcclCommunicator::NewUniqueId() {
+  ncclUniqueId id;
+  TANDEM_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    int32_t rank, int32_t world_size, const std::string& unique_id, CUstream_st* stream) {
+  return Create(rank, world_size, unique_id, stream, Options());
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    int32_t rank, int32_t world_size, const std::string& unique_id, CUstream_st* stream,
+    const Options& options) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad rank ", rank, " of world size ", world_size));
+  }
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id has ", unique_id.size(),
+                                                   " bytes, expected ", sizeof(id.internal)));
+  }
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  cudaEvent_t done = nullptr;
+  TANDEM_RETURN_IF_ERROR(
+      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const absl::Time deadline = absl::Now() + options.init_timeout;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  absl::Status status =
+      r == ncclInProgress ? absl::OkStatus() : NcclStatus(r, "ncclCommInitRankConfig");
+  if (status.ok()) status = WaitForComm(comm, deadline, "NCCL init (waiting for all ranks)");
+  if (!status.ok()) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    cudaEventDestroy(done);
+    return absl::Status(status.code(),
+                        absl::StrCat("rank ", rank, " of ", world_size, ": ", status.message()));
+  }
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(rank, world_size, stream, done, comm, options));
+}
+
+NcclCommunicator::NcclCommunicator(int32_t rank, int32_t world_size, CUstream_st* stream,
+                                   CUevent_st* done, ncclComm* comm, const Options& options)
+    : rank_(rank),
+      world_size_(world_size),
+      stream_(stream),
+      done_(done),
+      comm_(comm),
+      options_(options) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr) {
+    // Finalize waits for every rank to quiesce; a dead peer turns that into
+    // the bounded wait, then an abort.
+    const absl::Time deadline = absl::Now() + options_.close_timeout;
+    ncclResult_t r = ncclCommFinalize(comm_);
+    if ((r == ncclSuccess || r == ncclInProgress) &&
+        WaitForComm(comm_, deadline, "ncclCommFinalize").ok()) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+  }
+  cudaEventDestroy(done_);
+}
+
+absl::Status NcclCommunicator::CheckCall(int32_t peer, const void* data, size_t bytes) const {
+  if (peer < 0 || peer >= world_size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": bad peer ", peer));
+  }
+  if (data == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": null buffer"));
+  }
+  return failure_;
+}
+
+absl::Status NcclCommunicator::WaitWhileInProgress(absl::Time deadline, const char* what) {
+  absl::Status s = WaitForComm(comm_, deadline, what);
+  return s.ok() ? s : Abort(s);
+}
+
+absl::Status NcclCommunicator::Abort(absl::Status why) {
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  failure_ = absl::UnavailableError(
+      absl::StrCat("rank ", rank_, ": NCCL communicator was aborted: ", why.message()));
+  return why;
+}
+
+absl::Status NcclCommunicator::Send(int32_t peer, const void* data, size_t bytes) {
+  TANDEM_RETURN_IF_ERROR(CheckCall(peer, data, bytes));
+  ncclResult_t r = ncclSend(data, bytes, ncclUint8, peer, comm_, stream_);
+  if (r == ncclInProgress) {
+    return WaitWhileInProgress(absl::Now() + options_.send_timeout, "ncclSend");
+  }
+  absl::Status s = NcclStatus(r, "ncclSend");
+  return s.ok() ? s : Abort(s);
+}
+
+absl::Status NcclCommunicator::Recv(int32_t peer, void* data, size_t bytes,
+                                    absl::Duration timeout) {
+  TANDEM_RETURN_IF_ERROR(CheckCall(peer, data, bytes));
+  const absl::Time deadline = absl::Now() + timeout;
+  auto what = [&] {
+    return absl::StrCat("rank ", rank_, " receiving ", bytes, " bytes from rank ", peer);
+  };
+  ncclResult_t r = ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
+  if (r == ncclInProgress) {
+    TANDEM_RETURN_IF_ERROR(WaitWhileInProgress(deadline, "ncclRecv"));
+  } else if (r != ncclSuccess) {
+    return Abort(NcclStatus(r, what().c_str()));
+  }
+  absl::Status s = CudaStatus(cudaEventRecord(done_, stream_), "cudaEventRecord");
+  if (!s.ok()) return Abort(s);
+  Backoff backoff;
+  for (;;) {
+    cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return Abort(CudaStatus(e, what().c_str()));
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress)
+      return Abort(NcclStatus(state, what().c_str()));
+    if (absl::Now() >= deadline) {
+      return Abort(absl::DeadlineExceededError(
+          absl::StrCat(what(), ": nothing within ", absl::FormatDuration(timeout))));
+    }
+    backoff.Wait();
+  }
+}
+
+}  // namespace tandem::worker
