@@ -69,7 +69,9 @@ void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) 
       if (message.result().epoch() == epoch_ && state_ == State::kReady) results_.push_back(message.result().output());
       break;
     case v1::WorkerMessage::kError:
-      if (message.error().epoch() == epoch_) {
+      // Only a running group can fail; a rank that reports the loss of a
+      // peer after the group already failed adds nothing.
+      if (message.error().epoch() == epoch_ && state_ == State::kReady) {
         FailLocked(absl::InternalError(absl::StrCat("worker rank ", *rank, " failed step ",
                                                     message.error().step_seq(), ": ", message.error().message())));
       }
@@ -106,6 +108,8 @@ void WorkerGroup::MaybeConfigure() {
   // Every stage holds the same block ids: the pool is the smallest stage's.
   pool_blocks_ = blocks;
   ++epoch_;
+  failure_ = absl::OkStatus();
+  results_.clear();
   state_ = State::kConfiguring;
   v1::SchedulerMessage message;
   v1::ConfigureGroup* configure = message.mutable_configure();

@@ -162,3 +162,38 @@ TEST(WorkerGroupTest, AMissingAnswerTimesOut) {
 
 }  // namespace
 }  // namespace tandem::scheduler
+
+namespace tandem::scheduler {
+namespace {
+
+// After a failure, another rank reporting the lost peer must not poison the
+// next formation.
+TEST(WorkerGroupLateErrorTest, AnErrorAfterTheFailureIsNotKept) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  group.OnDisconnect(&b, "killed");
+  EXPECT_FALSE(group.CollectOutput(1).ok());
+  group.Reset();
+  v1::WorkerMessage late;
+  late.mutable_error()->set_epoch(1);
+  late.mutable_error()->set_message("receiving from rank 1: peer closed the connection");
+  group.OnMessage(&a, late);
+  FakeLink b2("b2");
+  group.OnMessage(&b2, Register(1, 2, 100));
+  Form(group, {&a, &b2}, 2);
+  SchedulerOutput step;
+  step.step_seq = 5;
+  ASSERT_TRUE(group.Execute(step).ok());
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(2);
+  result.mutable_result()->mutable_output()->set_step_seq(5);
+  group.OnMessage(&b2, result);
+  auto collected = group.CollectOutput(5);
+  EXPECT_TRUE(collected.ok()) << collected.status();
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

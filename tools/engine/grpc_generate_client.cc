@@ -12,10 +12,14 @@ namespace tandem::tools {
 
 absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const std::string& prompt,
                                                   const scheduler::SamplingParams& sampling,
-                                                  const std::function<void(const std::string&)>& on_text) {
+                                                  const std::function<void(const std::string&)>& on_text,
+                                                  const std::vector<TokenId>& prompt_token_ids,
+                                                  const std::string& request_id) {
   auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
   v1::GenerateRequest request;
   request.set_prompt(prompt);
+  request.set_request_id(request_id);
+  request.mutable_prompt_token_ids()->Add(prompt_token_ids.begin(), prompt_token_ids.end());
   scheduler::EncodeSamplingParams(sampling, false, request.mutable_sampling());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
@@ -31,6 +35,37 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
   }
   if (absl::Status status = rpc::ToAbsl(reader->Finish()); !status.ok()) return status;
   return result;
+}
+
+absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
+  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::HealthRequest request;
+  v1::HealthResponse response;
+  if (absl::Status s = rpc::ToAbsl(stub->Health(&context, request, &response)); !s.ok()) return s;
+  RemoteHealth health;
+  health.ready = response.ready();
+  health.status = response.status();
+  health.num_running = response.num_running();
+  health.num_waiting = response.num_waiting();
+  health.wasted_steps = response.wasted_steps();
+  health.preemptions = response.preemptions();
+  for (const v1::WorkerHealth& w : response.workers()) {
+    health.workers.push_back({w.rank(), w.connected(), w.busy_seconds(), w.idle_seconds(), w.steps()});
+  }
+  return health;
+}
+
+absl::StatusOr<bool> AbortRemotely(const std::string& target, const std::string& request_id) {
+  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::AbortRequest request;
+  request.set_request_id(request_id);
+  v1::AbortResponse response;
+  if (absl::Status s = rpc::ToAbsl(stub->Abort(&context, request, &response)); !s.ok()) return s;
+  return response.found();
 }
 
 }  // namespace tandem::tools

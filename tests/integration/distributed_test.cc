@@ -1,0 +1,288 @@
+// tandem as a system of processes: a real tandem-scheduler and real
+// tandem-workers on 127.0.0.1 talking gRPC, workers passing activations and
+// sampled ids over TCP, on a tiny random model. The in-process engine (one
+// stage, synchronous) is the reference every configuration must match.
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "common/file_util.h"
+#include "common/gguf/random_llama.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/step.pb.h"
+#include "tests/integration/cluster.h"
+#include "tools/engine/grpc_generate_client.h"
+#include "tools/engine/local_engine.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string& TinyModel() {
+  static const std::string path = [] {
+    gguf::RandomLlamaOptions options;
+    options.layers = 3;  // up to three stages
+    options.context = 512;
+    options.type = gguf::GgmlType::kQ8_0;
+    options.weight_scale = 0.2;
+    options.seed = 23;
+    const std::string file =
+        (std::filesystem::temp_directory_path() / ("tandem_dist_" + std::to_string(::getpid()) + ".gguf")).string();
+    EXPECT_TRUE(WriteFileAtomically(file, *gguf::MakeRandomLlama(options)).ok());
+    return file;
+  }();
+  return path;
+}
+
+struct Spec {
+  std::vector<TokenId> prompt;
+  int32_t max_tokens;
+  std::vector<TokenId> stop_ids;
+};
+
+scheduler::SamplingParams Greedy(const Spec& s) {
+  scheduler::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = s.max_tokens;
+  p.ignore_eos = true;
+  p.stop_token_ids = s.stop_ids;
+  return p;
+}
+
+struct Outcome {
+  std::vector<TokenId> tokens;
+  std::string finish;
+};
+
+std::map<int, Outcome> RunInProcess(const std::vector<Spec>& specs) {
+  tools::LocalEngineOptions options;
+  options.model_path = TinyModel();
+  options.async_scheduling = false;
+  options.threads = 1;
+  options.kv_cache_bytes = int64_t{64} << 20;
+  auto engine = tools::LocalEngine::Create(options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  std::vector<scheduler::RequestSpec> requests;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    scheduler::RequestSpec r;
+    r.id = static_cast<RequestId>(i);
+    r.prompt_token_ids = specs[i].prompt;
+    r.sampling = Greedy(specs[i]);
+    requests.push_back(std::move(r));
+  }
+  auto results = (*engine)->Run(std::move(requests));
+  EXPECT_TRUE(results.ok()) << results.status();
+  std::map<int, Outcome> out;
+  for (auto& [id, g] : *results) out[static_cast<int>(id)] = {g.tokens, scheduler::FinishReasonName(g.finish)};
+  return out;
+}
+
+// 32 requests of mixed prompt and output lengths; a third end on a stop token
+// that the unconstrained run is known to produce.
+const std::vector<Spec>& Workload() {
+  static const std::vector<Spec> specs = [] {
+    std::mt19937 rng(7);
+    std::vector<Spec> s;
+    for (int i = 0; i < 32; ++i) {
+      Spec spec;
+      const int length = 1 + static_cast<int>(rng() % 60);
+      for (int t = 0; t < length; ++t) spec.prompt.push_back(static_cast<TokenId>(rng() % 256));
+      spec.max_tokens = 1 + static_cast<int32_t>(rng() % 40);
+      s.push_back(spec);
+    }
+    const auto free_run = RunInProcess(s);
+    for (int i = 0; i < 32; i += 3) {
+      const auto& tokens = free_run.at(i).tokens;
+      if (tokens.size() > 3) s[i].stop_ids = {tokens[tokens.size() / 2]};
+    }
+    return s;
+  }();
+  return specs;
+}
+
+std::map<int, Outcome> RunOnCluster(const Cluster& cluster, const std::vector<Spec>& specs) {
+  std::map<int, Outcome> out;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    clients.emplace_back([&, i] {
+      auto result = tools::GenerateRemotely(cluster.target(), "", Greedy(specs[i]), nullptr, specs[i].prompt);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!result.ok()) {
+        out[static_cast<int>(i)] = {{}, "error: " + std::string(result.status().message())};
+      } else {
+        out[static_cast<int>(i)] = {result->tokens, result->finish_reason};
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  return out;
+}
+
+void ExpectSame(const std::map<int, Outcome>& got, const std::map<int, Outcome>& expected, const std::string& where) {
+  int stops = 0;
+  for (const auto& [id, e] : expected) {
+    EXPECT_EQ(got.at(id).tokens, e.tokens) << where << " request " << id;
+    EXPECT_EQ(got.at(id).finish, e.finish) << where << " request " << id;
+    stops += e.finish == "stop" ? 1 : 0;
+  }
+  EXPECT_GE(stops, 5) << "the workload must exercise stop tokens";
+}
+
+struct Config {
+  int32_t stages;
+  bool async_scheduling;
+};
+
+class DistributedTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
+  const std::map<int, Outcome> expected = RunInProcess(Workload());
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.pipeline_parallel_size = GetParam().stages;
+  options.async_scheduling = GetParam().async_scheduling;
+  options.trace_steps = true;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string where = "PP " + std::to_string(GetParam().stages) + (GetParam().async_scheduling ? " async" : " sync");
+  ExpectSame(RunOnCluster(**cluster, Workload()), expected, where);
+
+  // The step trace: a running request's entry never carries token ids; only
+  // new requests (their prompt) and resumed ones (their tokens) do.
+  std::ifstream trace((*cluster)->trace_path());
+  std::string line;
+  int steps = 0;
+  while (std::getline(trace, line)) {
+    if (line.rfind("{\"event\":\"schedule\",\"step\":", 0) != 0) continue;
+    const std::string json = line.substr(std::string("{\"event\":\"schedule\",\"step\":").size(),
+                                         line.size() - std::string("{\"event\":\"schedule\",\"step\":").size() - 1);
+    v1::SchedulerOutput step;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &step).ok()) << line;
+    int resumed = 0;
+    for (bool r : step.cached_requests().resumed()) resumed += r ? 1 : 0;
+    EXPECT_EQ(step.cached_requests().resumed_token_ids_size(), resumed) << line;
+    ++steps;
+  }
+  EXPECT_GT(steps, 20);
+}
+
+TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
+  const std::map<int, Outcome> expected = RunInProcess(Workload());
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.pipeline_parallel_size = GetParam().stages;
+  options.async_scheduling = GetParam().async_scheduling;
+  // About 21 blocks on the stage with the most layers (4 KiB per layer and block).
+  const int32_t stage_layers = (3 + GetParam().stages - 1) / GetParam().stages;
+  options.kv_cache_memory = std::to_string(21 * 4096 * stage_layers);
+  options.max_model_len = 112;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ExpectSame(RunOnCluster(**cluster, Workload()), expected, "small pool");
+  auto health = tools::QueryHealth((*cluster)->target());
+  ASSERT_TRUE(health.ok());
+  EXPECT_GT(health->preemptions, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DistributedTest,
+                         ::testing::Values(Config{1, true}, Config{1, false}, Config{2, true}, Config{2, false},
+                                           Config{3, true}, Config{3, false}),
+                         [](const auto& info) {
+                           return "PP" + std::to_string(info.param.stages) +
+                                  (info.param.async_scheduling ? "Async" : "Sync");
+                         });
+
+// A stop-token finish wastes the steps planned behind it: as many in the
+// distributed system as in the in-process engine with the same settings
+// (one at depth 2; none in the synchronous loop).
+TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
+  Spec spec = Workload()[0];
+  ASSERT_FALSE(spec.stop_ids.empty());
+  for (Config config : {Config{1, true}, Config{1, false}, Config{2, true}}) {
+    tools::LocalEngineOptions local;
+    local.model_path = TinyModel();
+    local.async_scheduling = config.async_scheduling;
+    local.pipeline_parallel_size = config.stages;
+    local.threads = 1;
+    local.kv_cache_bytes = int64_t{64} << 20;
+    auto engine = tools::LocalEngine::Create(local);
+    ASSERT_TRUE(engine.ok());
+    auto generation = (*engine)->Generate(spec.prompt, Greedy(spec));
+    ASSERT_TRUE(generation.ok());
+    ASSERT_EQ(generation->finish, scheduler::FinishReason::kStop);
+    const int64_t expected = (*engine)->engine().scheduler().stats().num_wasted_steps;
+    if (config.stages == 1) EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
+
+    ClusterOptions options;
+    options.model_path = TinyModel();
+    options.pipeline_parallel_size = config.stages;
+    options.async_scheduling = config.async_scheduling;
+    auto cluster = Cluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(spec), nullptr, spec.prompt);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->finish_reason, "stop");
+    auto health = tools::QueryHealth((*cluster)->target());
+    ASSERT_TRUE(health.ok());
+    EXPECT_EQ(health->wasted_steps, expected) << "PP " << config.stages << " async " << config.async_scheduling;
+  }
+}
+
+// Killing a worker mid-run fails the requests in flight within seconds; the
+// scheduler stays up and reports not ready; the restarted worker restores
+// service.
+TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresService) {
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.pipeline_parallel_size = 2;
+  options.max_model_len = 500;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Spec long_request{Workload()[1].prompt, 400, {}};
+  std::vector<absl::Status> statuses(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      statuses[i] = tools::GenerateRemotely((*cluster)->target(), "", Greedy(long_request), nullptr,
+                                            long_request.prompt)
+                        .status();
+    });
+  }
+  // Wait until they run, then kill the last stage.
+  for (int i = 0; i < 100; ++i) {
+    auto health = tools::QueryHealth((*cluster)->target());
+    if (health.ok() && health->num_running == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  (*cluster)->KillWorker(1);
+  for (std::thread& t : clients) t.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  for (const absl::Status& s : statuses) {
+    EXPECT_FALSE(s.ok());
+    // Named by the scheduler (rank 1 disconnected) or by rank 0 (its peer,
+    // rank 1, closed the connection), whichever notices first.
+    EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  }
+  EXPECT_LT(seconds, 5.0) << "requests must fail within seconds";
+  EXPECT_TRUE((*cluster)->SchedulerAlive());
+  ASSERT_TRUE((*cluster)->WaitReady(false, 5).ok());
+
+  ASSERT_TRUE((*cluster)->StartWorker(1).ok());
+  ASSERT_TRUE((*cluster)->WaitReady(true, 30).ok());
+  const std::map<int, Outcome> expected = RunInProcess({Workload()[2]});
+  auto after = tools::GenerateRemotely((*cluster)->target(), "", Greedy(Workload()[2]), nullptr, Workload()[2].prompt);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->tokens, expected.at(0).tokens);
+}
+
+}  // namespace
+}  // namespace tandem::testing
