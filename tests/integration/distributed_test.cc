@@ -16,11 +16,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/step.pb.h"
-#include "tests/integration/cluster.h"
+#include "tools/engine/process_group.h"
 #include "tools/engine/grpc_generate_client.h"
 #include "tools/engine/local_engine.h"
 
 namespace tandem::testing {
+
+using tools::Cluster;
+using tools::ClusterOptions;
 namespace {
 
 using ::testing::HasSubstr;
@@ -282,6 +285,64 @@ TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresServi
   auto after = tools::GenerateRemotely((*cluster)->target(), "", Greedy(Workload()[2]), nullptr, Workload()[2].prompt);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->tokens, expected.at(0).tokens);
+}
+
+// Abort by the client's request id ends the stream with finish reason
+// "abort"; an unknown id is reported as not found.
+TEST(DistributedApiTest, AbortEndsTheStream) {
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.max_model_len = 500;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Spec long_request{Workload()[1].prompt, 450, {}};
+  absl::StatusOr<tools::RemoteGeneration> result;
+  std::thread client([&] {
+    result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(long_request), nullptr, long_request.prompt,
+                                     "my-request");
+  });
+  bool found = false;
+  for (int i = 0; i < 200 && !found; ++i) {
+    auto aborted = tools::AbortRemotely((*cluster)->target(), "my-request");
+    found = aborted.ok() && *aborted;
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  client.join();
+  EXPECT_TRUE(found);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->finish_reason, "abort");
+  EXPECT_LT(result->tokens.size(), 450u);
+  auto unknown = tools::AbortRemotely((*cluster)->target(), "nobody");
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_FALSE(*unknown);
+}
+
+// A worker that stops answering (SIGSTOP: its connection stays open) is
+// noticed by keepalive or the step timeout: its requests fail within seconds.
+TEST(DistributedFaultTest, AHungWorkerFailsItsRequestsWithinSeconds) {
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.pipeline_parallel_size = 2;
+  options.max_model_len = 500;
+  options.step_timeout_seconds = 8;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Spec long_request{Workload()[1].prompt, 400, {}};
+  absl::Status status;
+  std::thread client([&] {
+    status = tools::GenerateRemotely((*cluster)->target(), "", Greedy(long_request), nullptr, long_request.prompt)
+                 .status();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto stopped_at = std::chrono::steady_clock::now();
+  (*cluster)->SignalWorker(1, SIGSTOP);
+  client.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(seconds, 12.0) << status;
+  EXPECT_TRUE((*cluster)->SchedulerAlive());
+  (*cluster)->SignalWorker(1, SIGCONT);
+  (*cluster)->KillWorker(1);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ int RunTrace(const std::vector<std::string>& args);
 int RunMakeModel(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 int RunPerplexity(const std::vector<std::string>& args);
+int RunServe(const std::vector<std::string>& args);
 
 }  // namespace tandem::tools
 

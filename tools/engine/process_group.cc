@@ -1,4 +1,4 @@
-#include "tests/integration/cluster.h"
+#include "tools/engine/process_group.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -16,21 +17,39 @@
 
 extern char** environ;
 
-namespace tandem::testing {
+namespace tandem::tools {
 
-std::string BinaryPath(const std::string& name) { return std::string(TANDEM_BIN_DIR) + "/" + name; }
+std::string ProgramDirectory() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "." : exe.parent_path().string();
+}
+
+std::string Cluster::Binary(const std::string& name) const {
+  return (options_.bin_dir.empty() ? ProgramDirectory() : options_.bin_dir) + "/" + name;
+}
 
 absl::StatusOr<pid_t> Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  if (!options_.inherit_output) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  // Children start with no signals blocked, whatever this process blocks.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int error = posix_spawn(&pid, args[0], &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   if (error != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": error ", error));
   return pid;
 }
@@ -38,13 +57,20 @@ absl::StatusOr<pid_t> Cluster::Spawn(const std::vector<std::string>& argv, const
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options) {
   std::unique_ptr<Cluster> c(new Cluster());
   c->options_ = options;
-  char pattern[] = "/tmp/tandem_cluster_XXXXXX";
-  if (mkdtemp(pattern) == nullptr) return absl::InternalError("mkdtemp failed");
-  c->dir_ = pattern;
+  if (options.directory.empty()) {
+    char pattern[] = "/tmp/tandem_cluster_XXXXXX";
+    if (mkdtemp(pattern) == nullptr) return absl::InternalError("mkdtemp failed");
+    c->dir_ = pattern;
+  } else {
+    c->dir_ = options.directory;
+    std::error_code error;
+    std::filesystem::create_directories(c->dir_, error);
+  }
   const std::string port_file = c->dir_ + "/port";
-  std::vector<std::string> argv = {BinaryPath("tandem-scheduler"),
+  std::vector<std::string> argv = {c->Binary("tandem-scheduler"),
                                    "--model", options.model_path,
-                                   "--port", "0",
+                                   "--host", options.host,
+                                   "--port", std::to_string(options.port),
                                    "--port-file", port_file,
                                    "--pipeline-parallel-size", std::to_string(options.pipeline_parallel_size),
                                    "--max-num-seqs", std::to_string(options.max_num_seqs),
@@ -52,9 +78,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                    "--max-model-len", std::to_string(options.max_model_len),
                                    "--step-timeout", std::to_string(options.step_timeout_seconds)};
   if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
-  if (options.trace_steps) {
+  if (options.trace_steps || !options.trace_steps_path.empty()) {
     argv.push_back("--trace-steps");
-    argv.push_back(c->trace_path());
+    argv.push_back(options.trace_steps_path.empty() ? c->trace_path() : options.trace_steps_path);
   }
   auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
@@ -73,7 +99,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
 }
 
 absl::Status Cluster::StartWorker(int32_t rank) {
-  auto pid = Spawn({BinaryPath("tandem-worker"), "--scheduler", target(), "--rank", std::to_string(rank),
+  auto pid = Spawn({Binary("tandem-worker"), "--scheduler", target(), "--rank", std::to_string(rank),
                     "--world-size", std::to_string(options_.pipeline_parallel_size), "--model", options_.model_path,
                     "--kv-cache-memory", options_.kv_cache_memory, "--threads",
                     std::to_string(options_.worker_threads), "--peer-timeout", "10"},
@@ -83,11 +109,34 @@ absl::Status Cluster::StartWorker(int32_t rank) {
   return absl::OkStatus();
 }
 
-void Cluster::KillWorker(int32_t rank) {
+void Cluster::SignalWorker(int32_t rank, int signal) {
   if (workers_[rank] <= 0) return;
-  kill(workers_[rank], SIGKILL);
+  kill(workers_[rank], signal);
+  if (signal != SIGKILL) return;
   waitpid(workers_[rank], nullptr, 0);
   workers_[rank] = -1;
+}
+
+std::string Cluster::WaitForExit(const std::function<bool()>& stop) {
+  auto describe = [](const std::string& who, int status) {
+    if (WIFEXITED(status)) return absl::StrCat(who, " exited with status ", WEXITSTATUS(status));
+    return absl::StrCat(who, " was killed by signal ", WTERMSIG(status));
+  };
+  while (!stop()) {
+    int status = 0;
+    if (scheduler_ > 0 && waitpid(scheduler_, &status, WNOHANG) == scheduler_) {
+      scheduler_ = -1;
+      return describe("the scheduler", status);
+    }
+    for (size_t r = 0; r < workers_.size(); ++r) {
+      if (workers_[r] > 0 && waitpid(workers_[r], &status, WNOHANG) == workers_[r]) {
+        workers_[r] = -1;
+        return describe(absl::StrCat("worker ", r), status);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
 }
 
 bool Cluster::SchedulerAlive() { return scheduler_ > 0 && waitpid(scheduler_, nullptr, WNOHANG) == 0; }
@@ -109,25 +158,32 @@ absl::Status Cluster::WaitReady(bool ready, double seconds) {
                                                   seconds, " s (", last, "); logs in ", dir_));
 }
 
-Cluster::~Cluster() {
-  for (pid_t& pid : workers_) {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
+void Cluster::Stop() {
+  std::vector<pid_t*> all;
+  for (pid_t& pid : workers_) all.push_back(&pid);
+  all.push_back(&scheduler_);
+  for (pid_t* pid : all) {
+    if (*pid > 0) kill(*pid, SIGTERM);
   }
-  if (scheduler_ > 0) {
-    kill(scheduler_, SIGTERM);
-    for (int i = 0; i < 100 && waitpid(scheduler_, nullptr, WNOHANG) == 0; ++i) {
+  // A short grace period, then whatever is left is killed.
+  for (pid_t* pid : all) {
+    for (int i = 0; *pid > 0 && i < 100 && waitpid(*pid, nullptr, WNOHANG) == 0; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    kill(scheduler_, SIGKILL);
-    waitpid(scheduler_, nullptr, 0);
-  }
-  if (std::getenv("TANDEM_KEEP_CLUSTER_LOGS") == nullptr) {
-    const std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)std::system(cmd.c_str());
+    if (*pid > 0) {
+      kill(*pid, SIGKILL);
+      waitpid(*pid, nullptr, 0);
+      *pid = -1;
+    }
   }
 }
 
-}  // namespace tandem::testing
+Cluster::~Cluster() {
+  Stop();
+  if (options_.directory.empty() && !options_.keep_directory) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+}
+
+}  // namespace tandem::tools
