@@ -1,8 +1,12 @@
 #include "common/file_util.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +31,21 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
     return absl::UnavailableError(absl::StrCat("cannot rename ", temp, " to ", path, ": ", std::strerror(error)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<TemporaryFile> TemporaryFile::Create(std::string_view stem, std::string_view bytes) {
+  static std::atomic<int> counter{0};
+  std::error_code error;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(error);
+  if (error) return absl::UnavailableError(absl::StrCat("no temporary directory: ", error.message()));
+  const std::string path =
+      (dir / absl::StrCat(std::string(stem), "_", ::getpid(), "_", counter.fetch_add(1))).string();
+  if (absl::Status written = WriteFileAtomically(path, bytes); !written.ok()) return written;
+  return TemporaryFile(path);
+}
+
+TemporaryFile::~TemporaryFile() {
+  if (!path_.empty()) std::remove(path_.c_str());
 }
 
 }  // namespace tandem

@@ -79,6 +79,7 @@ void ServingEngine::PublishSnapshot() {
     s.num_waiting += static_cast<int64_t>(scheduler_->num_waiting());
     s.stats = scheduler_->stats();
   }
+  if (engine_) s.num_steps_in_flight = static_cast<int64_t>(engine_->in_flight().size());
   std::lock_guard<std::mutex> lock(mu_);
   snapshot_ = s;
 }

@@ -51,6 +51,7 @@ struct ServingSnapshot {
   bool executor_ready = false;
   int64_t num_running = 0;
   int64_t num_waiting = 0;   // including those waiting for the group
+  int64_t num_steps_in_flight = 0;  // executed steps whose results are not yet processed
   SchedulerStats stats;
 };
 

@@ -1,14 +1,10 @@
 // The whole in-process engine on a tiny random-weight model: the scheduler,
 // the async engine loop, the wire encoding and the CPU model runner together.
-#include <cstdio>
-#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
 
-#include <unistd.h>
-
-#include "common/gguf/gguf_writer.h"
+#include "common/file_util.h"
 #include "common/gguf/random_llama.h"
 #include "gtest/gtest.h"
 #include "tools/engine/local_engine.h"
@@ -30,12 +26,8 @@ std::string TinyModelPath() {
     options.weight_scale = 0.2;  // outputs depend on the context (see RandomLlamaOptions)
     auto image = gguf::MakeRandomLlama(options);
     EXPECT_TRUE(image.ok()) << image.status();
-    const std::string file = (std::filesystem::temp_directory_path() /
-                              ("tandem_tiny_" + std::to_string(::getpid()) + ".gguf")).string();
-    FILE* f = std::fopen(file.c_str(), "wb");
-    std::fwrite(image->data(), 1, image->size(), f);
-    std::fclose(f);
-    return file;
+    static const TemporaryFile file = *TemporaryFile::Create("tandem_tiny", *image);
+    return file.path();
   }();
   return path;
 }
@@ -180,7 +172,9 @@ TEST(InProcessEngineTest, PipelineStagesGiveTheSameTokens) {
         auto engine = MakeEngine(options);
         EXPECT_EQ(RunAll(*engine, make()), expected)
             << stages << " stages, async " << async << ", tight " << tight;
-        if (tight) EXPECT_GT(engine->engine().scheduler().stats().num_preemptions, 0);
+        if (tight) {
+          EXPECT_GT(engine->engine().scheduler().stats().num_preemptions, 0);
+        }
       }
     }
   }

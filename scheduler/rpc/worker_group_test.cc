@@ -101,7 +101,11 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   Form(group, {&a, &b}, 1);
   SchedulerOutput step;
   step.step_seq = 1;
-  step.scheduled.push_back({7, 3, true});
+  ScheduledRequest row;
+  row.id = 7;
+  row.num_tokens = 3;
+  row.samples = true;
+  step.scheduled.push_back(row);
   step.total_num_scheduled_tokens = 3;
   ASSERT_TRUE(group.Execute(step).ok());
   ASSERT_TRUE(group.Sample(1, nullptr).ok());

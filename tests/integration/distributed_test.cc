@@ -5,7 +5,6 @@
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -36,10 +35,8 @@ const std::string& TinyModel() {
     options.type = gguf::GgmlType::kQ8_0;
     options.weight_scale = 0.2;
     options.seed = 23;
-    const std::string file =
-        (std::filesystem::temp_directory_path() / ("tandem_dist_" + std::to_string(::getpid()) + ".gguf")).string();
-    EXPECT_TRUE(WriteFileAtomically(file, *gguf::MakeRandomLlama(options)).ok());
-    return file;
+    static const TemporaryFile file = *TemporaryFile::Create("tandem_dist", *gguf::MakeRandomLlama(options));
+    return file.path();
   }();
   return path;
 }
@@ -203,6 +200,29 @@ INSTANTIATE_TEST_SUITE_P(Stages, DistributedTest,
                                   (info.param.async_scheduling ? "Async" : "Sync");
                          });
 
+// The scheduler's state once nothing runs and no step is in flight.
+absl::StatusOr<tools::RemoteHealth> WaitUntilIdle(const std::string& target) {
+  for (int i = 0; i < 250; ++i) {
+    auto health = tools::QueryHealth(target);
+    if (!health.ok()) return health.status();
+    if (health->num_running == 0 && health->num_waiting == 0 && health->steps_in_flight == 0) return health;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("the scheduler did not become idle within 5 s");
+}
+
+// Whether `n` requests run within 10 s. A fault test must strike only then:
+// requests still waiting rightly wait for the group to re-form instead of
+// failing.
+bool WaitUntilRunning(const std::string& target, int64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    auto health = tools::QueryHealth(target);
+    if (health.ok() && health->num_running == n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 // A stop-token finish wastes the steps planned behind it: as many in the
 // distributed system as in the in-process engine with the same settings
 // (one at depth 2; none in the synchronous loop).
@@ -222,7 +242,9 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
     ASSERT_TRUE(generation.ok());
     ASSERT_EQ(generation->finish, scheduler::FinishReason::kStop);
     const int64_t expected = (*engine)->engine().scheduler().stats().num_wasted_steps;
-    if (config.stages == 1) EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
+    if (config.stages == 1) {
+      EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
+    }
 
     ClusterOptions options;
     options.model_path = TinyModel();
@@ -233,8 +255,10 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
     auto result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(spec), nullptr, spec.prompt);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->finish_reason, "stop");
-    auto health = tools::QueryHealth((*cluster)->target());
-    ASSERT_TRUE(health.ok());
+    // The stream ends at the stop token; the steps planned behind it are
+    // counted as their results come back.
+    auto health = WaitUntilIdle((*cluster)->target());
+    ASSERT_TRUE(health.ok()) << health.status();
     EXPECT_EQ(health->wasted_steps, expected) << "PP " << config.stages << " async " << config.async_scheduling;
   }
 }
@@ -260,10 +284,10 @@ TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresServi
     });
   }
   // Wait until they run, then kill the last stage.
-  for (int i = 0; i < 100; ++i) {
-    auto health = tools::QueryHealth((*cluster)->target());
-    if (health.ok() && health->num_running == 4) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!WaitUntilRunning((*cluster)->target(), 4)) {
+    (*cluster)->Stop();  // ends the streams, so the clients return
+    for (std::thread& t : clients) t.join();
+    FAIL() << "the four requests did not start within 10 s";
   }
   const auto killed_at = std::chrono::steady_clock::now();
   (*cluster)->KillWorker(1);
@@ -333,7 +357,11 @@ TEST(DistributedFaultTest, AHungWorkerFailsItsRequestsWithinSeconds) {
     status = tools::GenerateRemotely((*cluster)->target(), "", Greedy(long_request), nullptr, long_request.prompt)
                  .status();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!WaitUntilRunning((*cluster)->target(), 1)) {
+    (*cluster)->Stop();
+    client.join();
+    FAIL() << "the request did not start within 10 s";
+  }
   const auto stopped_at = std::chrono::steady_clock::now();
   (*cluster)->SignalWorker(1, SIGSTOP);
   client.join();

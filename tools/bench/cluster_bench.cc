@@ -9,12 +9,14 @@
 //   build/bin/cluster_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --stages 1,2
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/default_model.h"
 #include "common/flags.h"
@@ -61,12 +63,18 @@ absl::StatusOr<Result> RunOne(const ClusterOptions& options, int32_t vocab, int6
   if (!before.ok()) return before.status();
   Result result;
   std::vector<int64_t> counts(requests, 0);
+  std::mutex error_mu;
+  std::string first_error;
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients;
   for (int64_t i = 0; i < requests; ++i) {
     clients.emplace_back([&, i] {
       auto g = GenerateRemotely(target, "", sampling, nullptr, prompts[i]);
       counts[i] = g.ok() ? static_cast<int64_t>(g->tokens.size()) : -1;
+      if (!g.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (first_error.empty()) first_error = g.status().ToString();
+      }
     });
   }
   for (std::thread& t : clients) t.join();
@@ -83,6 +91,7 @@ absl::StatusOr<Result> RunOne(const ClusterOptions& options, int32_t vocab, int6
     }
   }
   result.tokens_per_second = result.tokens / result.seconds;
+  if (!first_error.empty()) std::fprintf(stderr, "cluster_bench: a request failed: %s\n", first_error.c_str());
   for (size_t w = 0; w < after->workers.size() && w < before->workers.size(); ++w) {
     const double idle = after->workers[w].idle_seconds - before->workers[w].idle_seconds;
     result.idle_fraction.push_back(idle / result.seconds);
@@ -104,6 +113,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("output-tokens", &output_tokens, "tokens generated per request", 1, 1 << 20);
   flags.AddInt("threads", &threads, "CPU threads per worker (0: the machine's divided among workers)", 0, 1024);
   flags.AddString("kv-cache-memory", &base.kv_cache_memory, "KV memory per worker");
+  std::string log_dir;
+  flags.AddString("log-dir", &log_dir, "keep the processes' logs under this folder (one subfolder per run)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
@@ -132,6 +143,7 @@ int Main(int argc, char** argv) {
       o.pipeline_parallel_size = stages;
       o.async_scheduling = async;
       o.worker_threads = threads > 0 ? static_cast<int32_t>(threads) : std::max(1, hardware / stages);
+      if (!log_dir.empty()) o.directory = absl::StrCat(log_dir, "/pp", stages, async ? "_async" : "_sync");
       auto r = RunOne(o, config->vocab_size, requests, prompt_tokens, output_tokens);
       if (!r.ok()) {
         std::fprintf(stderr, "cluster_bench: %s\n", std::string(r.status().message()).c_str());

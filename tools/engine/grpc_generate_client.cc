@@ -51,6 +51,7 @@ absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
   health.num_waiting = response.num_waiting();
   health.wasted_steps = response.wasted_steps();
   health.preemptions = response.preemptions();
+  health.steps_in_flight = response.steps_in_flight();
   for (const v1::WorkerHealth& w : response.workers()) {
     health.workers.push_back({w.rank(), w.connected(), w.busy_seconds(), w.idle_seconds(), w.steps()});
   }

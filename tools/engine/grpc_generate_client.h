@@ -36,6 +36,7 @@ struct RemoteHealth {
   int64_t num_waiting = 0;
   int64_t wasted_steps = 0;
   int64_t preemptions = 0;
+  int64_t steps_in_flight = 0;
   struct Worker {
     int32_t rank = 0;
     bool connected = false;

@@ -34,7 +34,7 @@ struct ClusterOptions {
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
-  double step_timeout_seconds = 10;
+  double step_timeout_seconds = 30;         // tandem-scheduler's default
   bool trace_steps = false;            // to trace_path()
   std::string trace_steps_path;        // or here
   int32_t worker_threads = 1;

@@ -24,7 +24,6 @@ int RunServe(const std::vector<std::string>& args) {
   o.port = 50051;
   o.inherit_output = true;
   o.kv_cache_memory = "1GiB";
-  o.step_timeout_seconds = 30;
   int64_t stages = 1, port = o.port, max_num_seqs = 128, max_tokens = 2048, max_model_len = 0, threads = 0;
   bool async_scheduling = true;
   FlagParser flags("tandem serve",
