@@ -149,10 +149,12 @@ void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
 }
 
 void ServingEngine::HandleFailure(const absl::Status& status) {
-  std::vector<RequestOutput> outputs;
-  scheduler_->FailStartedRequests(status, &outputs);
-  engine_->DropInFlight();
-  Dispatch(outputs);
+  if (engine_ != nullptr) {  // null if the group broke before its first use
+    std::vector<RequestOutput> outputs;
+    scheduler_->FailStartedRequests(status, &outputs);
+    engine_->DropInFlight();
+    Dispatch(outputs);
+  }
   group_->Reset();
 }
 
@@ -175,6 +177,10 @@ void ServingEngine::Run() {
       aborts.swap(aborts_);
     }
     for (Submission& s : submissions) waiting_for_group_.push_back(std::move(s));
+    // A group that broke between steps (a worker lost while the engine was
+    // idle or dispatching) is failed here; otherwise its started requests
+    // would wait for a group that cannot re-form until it is reset.
+    if (absl::Status broken = group_->failure(); !broken.ok()) HandleFailure(broken);
     if (group_->ready()) {
       if (absl::Status s = EnsureScheduler(); !s.ok()) {
         for (Submission& sub : waiting_for_group_) FailWith(sub.spec.id, sub.sink, s);

@@ -34,6 +34,10 @@ namespace tandem::scheduler {
 class ExecutorGroup : public Executor {
  public:
   virtual bool ready() const = 0;
+  // Why the group broke (a worker lost, a step failed or timed out), until
+  // Reset; OK otherwise. A group can break between steps, while nothing is
+  // waiting on it, so the engine polls this too.
+  virtual absl::Status failure() const = 0;
   // KV blocks every worker holds; meaningful when ready.
   virtual int32_t pool_blocks() const = 0;
   // After a failed step: forget what was in flight and form again.

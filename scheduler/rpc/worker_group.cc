@@ -184,6 +184,11 @@ bool WorkerGroup::ready() const {
   return state_ == State::kReady;
 }
 
+absl::Status WorkerGroup::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kBroken ? failure_ : absl::OkStatus();
+}
+
 std::string WorkerGroup::DescribeLocked() const {
   switch (state_) {
     case State::kReady:

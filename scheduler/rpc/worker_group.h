@@ -73,6 +73,7 @@ class WorkerGroup : public ExecutorGroup {
   // --- any thread ---
   GroupStatus Status() const;
   bool ready() const override;
+  absl::Status failure() const override;
   int32_t pool_blocks() const override;
 
   // --- engine thread ---

@@ -151,6 +151,24 @@ TEST(WorkerGroupTest, ADisconnectFailsTheStepAndTheGroupReforms) {
   EXPECT_TRUE(group.Status().ready);
 }
 
+// Nothing was waiting on the group when the worker went: the failure stays
+// visible until the engine resets the group.
+TEST(WorkerGroupTest, ALossBetweenStepsIsReportedUntilReset) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  EXPECT_TRUE(group.failure().ok());
+  group.OnDisconnect(&b, "socket closed");
+  EXPECT_FALSE(group.ready());
+  EXPECT_THAT(group.failure().message(), HasSubstr("worker rank 1 (b) disconnected"));
+  EXPECT_THAT(group.Status().description, HasSubstr("failed"));
+  group.Reset();
+  EXPECT_TRUE(group.failure().ok());
+  EXPECT_FALSE(group.ready());
+}
+
 TEST(WorkerGroupTest, AMissingAnswerTimesOut) {
   WorkerGroup group(Options(1, absl::Milliseconds(100)));
   FakeLink a("a");

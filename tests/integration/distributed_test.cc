@@ -311,6 +311,38 @@ TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresServi
   EXPECT_EQ(after->tokens, expected.at(0).tokens);
 }
 
+// A worker lost while nothing runs breaks the group between steps: the
+// scheduler must still notice, re-form the group when the worker is back, and
+// run the request that arrived in the meantime.
+TEST(DistributedFaultTest, AWorkerLostWhileIdleIsAcceptedBackAndWaitingRequestsRun) {
+  ClusterOptions options;
+  options.model_path = TinyModel();
+  options.pipeline_parallel_size = 2;
+  auto cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->KillWorker(1);
+  ASSERT_TRUE((*cluster)->WaitReady(false, 5).ok());
+
+  const Spec& spec = Workload()[2];
+  absl::StatusOr<tools::RemoteGeneration> result;
+  std::thread client(
+      [&] { result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(spec), nullptr, spec.prompt); });
+  bool waiting = false;
+  for (int i = 0; i < 250 && !waiting; ++i) {
+    auto health = tools::QueryHealth((*cluster)->target());
+    waiting = health.ok() && health->num_waiting == 1;
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(waiting) << "the request must wait for the group";
+  ASSERT_TRUE((*cluster)->StartWorker(1).ok());
+  const absl::Status ready = (*cluster)->WaitReady(true, 30);
+  if (!ready.ok()) (*cluster)->Stop();  // so the client returns
+  client.join();
+  ASSERT_TRUE(ready.ok()) << ready;
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tokens, RunInProcess({spec}).at(0).tokens);
+}
+
 // Abort by the client's request id ends the stream with finish reason
 // "abort"; an unknown id is reported as not found.
 TEST(DistributedApiTest, AbortEndsTheStream) {

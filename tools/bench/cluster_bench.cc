@@ -130,7 +130,6 @@ int Main(int argc, char** argv) {
               static_cast<long long>(output_tokens));
   std::printf("| stages | async | output tokens/s | wall s | worker idle (of wall time) | failures |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   for (absl::string_view s : absl::StrSplit(stages_list, ',')) {
     int32_t stages = 0;
     if (!absl::SimpleAtoi(s, &stages) || stages < 1) {
@@ -142,7 +141,7 @@ int Main(int argc, char** argv) {
       ClusterOptions o = base;
       o.pipeline_parallel_size = stages;
       o.async_scheduling = async;
-      o.worker_threads = threads > 0 ? static_cast<int32_t>(threads) : std::max(1, hardware / stages);
+      o.worker_threads = static_cast<int32_t>(threads);
       if (!log_dir.empty()) o.directory = absl::StrCat(log_dir, "/pp", stages, async ? "_async" : "_sync");
       auto r = RunOne(o, config->vocab_size, requests, prompt_tokens, output_tokens);
       if (!r.ok()) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -102,11 +103,17 @@ absl::Status Cluster::StartWorker(int32_t rank) {
   auto pid = Spawn({Binary("tandem-worker"), "--scheduler", target(), "--rank", std::to_string(rank),
                     "--world-size", std::to_string(options_.pipeline_parallel_size), "--model", options_.model_path,
                     "--kv-cache-memory", options_.kv_cache_memory, "--threads",
-                    std::to_string(options_.worker_threads), "--peer-timeout", "10"},
+                    std::to_string(WorkerThreads()), "--peer-timeout", "10"},
                    absl::StrCat(dir_, "/worker", rank, ".log"));
   if (!pid.ok()) return pid.status();
   workers_[rank] = *pid;
   return absl::OkStatus();
+}
+
+int32_t Cluster::WorkerThreads() const {
+  if (options_.worker_threads > 0) return options_.worker_threads;
+  const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, hardware / options_.pipeline_parallel_size);
 }
 
 void Cluster::SignalWorker(int32_t rank, int signal) {

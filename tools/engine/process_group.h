@@ -37,7 +37,7 @@ struct ClusterOptions {
   double step_timeout_seconds = 30;         // tandem-scheduler's default
   bool trace_steps = false;            // to trace_path()
   std::string trace_steps_path;        // or here
-  int32_t worker_threads = 1;
+  int32_t worker_threads = 1;             // 0: the machine's threads divided among the workers
   // The executables; empty: next to this program.
   std::string bin_dir;
 };
@@ -71,6 +71,7 @@ class Cluster {
   Cluster() = default;
   absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log);
   std::string Binary(const std::string& name) const;
+  int32_t WorkerThreads() const;
 
   ClusterOptions options_;
   std::string dir_;

@@ -7,7 +7,6 @@
 
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,8 +49,7 @@ int RunServe(const std::vector<std::string>& args) {
   o.max_num_batched_tokens = static_cast<int32_t>(max_tokens);
   o.max_model_len = static_cast<int32_t>(max_model_len);
   o.async_scheduling = async_scheduling;
-  const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  o.worker_threads = threads > 0 ? static_cast<int32_t>(threads) : std::max(1, hardware / o.pipeline_parallel_size);
+  o.worker_threads = static_cast<int32_t>(threads);
 
   // Signals are taken synchronously below; children get an empty mask.
   sigset_t signals;
