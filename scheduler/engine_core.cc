@@ -1,5 +1,6 @@
 #include "scheduler/engine_core.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,13 @@
 #include "common/status_macros.h"
 
 namespace tandem::scheduler {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
 
 EngineCore::EngineCore(Scheduler* scheduler, Executor* executor)
     : scheduler_(scheduler), executor_(executor), depth_(scheduler->config().EffectiveQueueDepth()) {}
@@ -44,7 +52,9 @@ absl::Status EngineCore::CollectOldest(EngineStepResult* result) {
   // Aborts win over completion: an abort during a request's final step ends it as aborted.
   ApplyAborts(&result->outputs);
   const size_t first = result->outputs.size();
+  const auto update_start = std::chrono::steady_clock::now();
   scheduler_->UpdateFromOutput(step, output, &result->outputs);
+  scheduler_seconds_ += SecondsSince(update_start);
   result->updated = true;
   SchedulerOutput done = std::move(in_flight_.front());
   in_flight_.pop_front();
@@ -67,7 +77,9 @@ absl::StatusOr<EngineStepResult> EngineCore::Step() {
   // While a step waits to sample, nothing new is executed: its successor's
   // decode rows need the token it will sample.
   if (!awaiting_sample_ && scheduler_->HasRequests() && static_cast<int32_t>(in_flight_.size()) < depth_) {
+    const auto schedule_start = std::chrono::steady_clock::now();
     SchedulerOutput step = scheduler_->Schedule();
+    scheduler_seconds_ += SecondsSince(schedule_start);
     const bool executable = !step.empty();
     if (executable) {
       TANDEM_RETURN_IF_ERROR(Launch(std::move(step)));

@@ -75,6 +75,9 @@ class EngineCore {
   // Executed steps not yet updated, oldest first.
   const std::deque<SchedulerOutput>& in_flight() const { return in_flight_; }
   int32_t queue_depth() const { return depth_; }
+  // Time spent in Schedule() and UpdateFromOutput() so far: the scheduler's
+  // own cost, without the executor's.
+  double scheduler_seconds() const { return scheduler_seconds_; }
 
  private:
   absl::Status Launch(SchedulerOutput step);
@@ -90,6 +93,7 @@ class EngineCore {
   std::optional<StepSeq> awaiting_sample_;
   std::vector<RequestId> pending_aborts_;
   std::vector<StepObserver*> observers_;
+  double scheduler_seconds_ = 0;
 };
 
 // Checks that `result` answers `step`: same step, one row per scheduled

@@ -1,7 +1,9 @@
 // EngineCore: the batch-queue loop (spec §6.3), deferred sampling for
 // structured output (ARCHITECTURE §4.7), aborts before update (§4.9), and
 // how it treats a broken executor.
+#include <algorithm>
 #include <deque>
+#include <map>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -196,6 +198,112 @@ TEST(EngineCoreTest, AbortDuringTheFinalStepWins) {
   EXPECT_EQ(outputs[0].finish_reason, FinishReason::kAbort);
   EXPECT_TRUE(outputs[0].new_token_ids.empty());
   EXPECT_EQ(scheduler->kv_cache().pool().num_free_blocks(), 10000 - 1);
+}
+
+// Runs `specs` to completion and returns every output, checking the
+// invariants at each step boundary.
+std::vector<RequestOutput> RunOutputs(const EngineConfig& config, std::vector<RequestSpec> specs,
+                                      FakeExecutorOptions options) {
+  auto scheduler = MakeScheduler(config);
+  options.num_blocks = config.num_gpu_blocks;
+  options.block_size = config.block_size;
+  FakeExecutor executor(options);
+  EngineCore engine(scheduler.get(), &executor);
+  InvariantChecker checker;
+  engine.AddObserver(&checker);
+  for (RequestSpec& spec : specs) EXPECT_TRUE(engine.AddRequest(std::move(spec)).ok());
+  std::vector<RequestOutput> outputs;
+  while (engine.HasWork()) {
+    auto result = engine.Step();
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) break;
+    outputs.insert(outputs.end(), result->outputs.begin(), result->outputs.end());
+  }
+  return outputs;
+}
+
+// Every reported logprob belongs to a token reported with it (the fake puts
+// the sampled token first in its top list).
+void ExpectAlignedLogprobs(const RequestOutput& out, int32_t top_n) {
+  ASSERT_EQ(out.logprobs.size(), out.new_token_ids.size()) << "request " << out.id;
+  for (size_t j = 0; j < out.logprobs.size(); ++j) {
+    ASSERT_EQ(out.logprobs[j].top.size(), static_cast<size_t>(top_n));
+    EXPECT_LE(out.logprobs[j].logprob, 0.0f);
+    if (top_n > 0) {
+      EXPECT_EQ(out.logprobs[j].top[0].first, out.new_token_ids[j]);
+      EXPECT_EQ(out.logprobs[j].top[0].second, out.logprobs[j].logprob);
+    }
+  }
+}
+
+// A stop token ends a request with steps still in flight: their tokens, and
+// their logprobs, are sampled but never reported.
+TEST(EngineCoreTest, DiscardedTokensReportNoLogprobs) {
+  std::vector<SampleRecord> samples;
+  FakeExecutorOptions options;
+  options.sample_log = &samples;
+  options.force_token = [](RequestId id, int32_t index) -> std::optional<TokenId> {
+    return id == 0 && index == 3 ? std::optional<TokenId>(testing::kEos) : std::nullopt;
+  };
+  std::vector<RequestSpec> specs;
+  specs.push_back(MakeRequest(0, 6, 8));
+  specs.back().sampling.logprobs = 2;
+  specs.push_back(MakeRequest(1, 5, 5));  // no logprobs
+  specs.push_back(MakeRequest(2, 7, 4));
+  specs.back().sampling.logprobs = 0;
+  const std::vector<RequestOutput> outputs = RunOutputs(VllmTestConfig(), std::move(specs), options);
+  std::map<RequestId, int32_t> reported;
+  for (const RequestOutput& out : outputs) {
+    reported[out.id] += static_cast<int32_t>(out.new_token_ids.size());
+    if (out.id == 1) {
+      EXPECT_TRUE(out.logprobs.empty());
+    } else {
+      ExpectAlignedLogprobs(out, out.id == 0 ? 2 : 0);
+    }
+  }
+  EXPECT_EQ(reported[0], 3);
+  EXPECT_EQ(reported[1], 5);
+  EXPECT_EQ(reported[2], 4);
+  const auto sampled_for_0 =
+      std::count_if(samples.begin(), samples.end(), [](const SampleRecord& s) { return s.id == 0; });
+  EXPECT_EQ(sampled_for_0, 4);  // one step past the EOS was wasted
+}
+
+// Preemption with steps in flight: late (stale) tokens are delivered and keep
+// their logprobs.
+TEST(EngineCoreTest, StaleTokensKeepTheirLogprobs) {
+  EngineConfig config = VllmTestConfig();
+  config.num_gpu_blocks = 14;  // 13 usable: four requests of 5 blocks preempt
+  config.max_model_len = 80;
+  std::vector<RequestSpec> specs;
+  for (RequestId id = 0; id < 4; ++id) {
+    specs.push_back(MakeRequest(id, 30, 40));
+    specs.back().sampling.logprobs = 3;
+    specs.back().sampling.ignore_eos = true;
+  }
+  auto scheduler = MakeScheduler(config);
+  FakeExecutorOptions options;
+  options.num_blocks = config.num_gpu_blocks;
+  FakeExecutor executor(options);
+  EngineCore engine(scheduler.get(), &executor);
+  InvariantChecker checker;
+  engine.AddObserver(&checker);
+  for (RequestSpec& spec : specs) ASSERT_TRUE(engine.AddRequest(std::move(spec)).ok());
+  std::map<RequestId, int32_t> reported;
+  int32_t stale_reported = 0;
+  while (engine.HasWork()) {
+    auto result = engine.Step();
+    ASSERT_TRUE(result.ok()) << result.status();
+    for (const RequestOutput& out : result->outputs) {
+      ExpectAlignedLogprobs(out, 3);
+      reported[out.id] += static_cast<int32_t>(out.new_token_ids.size());
+      if (out.stale) stale_reported += static_cast<int32_t>(out.logprobs.size());
+    }
+  }
+  for (RequestId id = 0; id < 4; ++id) EXPECT_EQ(reported[id], 40) << "request " << id;
+  EXPECT_GT(scheduler->stats().num_preemptions, 0);
+  EXPECT_EQ(stale_reported, scheduler->stats().num_stale_tokens_delivered);
+  EXPECT_GT(stale_reported, 0);
 }
 
 // Wraps an executor and damages its answers.

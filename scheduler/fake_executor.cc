@@ -81,6 +81,7 @@ absl::Status FakeExecutor::ApplyDiff(const SchedulerOutput& step) {
     it->second.tokens = data.prompt_token_ids;
     it->second.num_prompt_tokens = static_cast<int32_t>(data.prompt_token_ids.size());
     it->second.blocks = data.block_ids;
+    it->second.logprobs = data.sampling.logprobs;
   }
   const CachedRequestData& cached = step.cached;
   size_t next_resumed = 0;
@@ -93,6 +94,7 @@ absl::Status FakeExecutor::ApplyDiff(const SchedulerOutput& step) {
       slot.tokens = resumed.token_ids;
       slot.num_prompt_tokens = resumed.num_prompt_tokens;
       slot.blocks.assign(blocks.begin(), blocks.end());
+      slot.logprobs = resumed.sampling.logprobs;
       continue;
     }
     auto it = slots_.find(id);
@@ -143,6 +145,8 @@ absl::Status FakeExecutor::Sample(StepSeq step_seq, const GrammarOutput* grammar
   }
   it->sampled = true;
   it->output.step_seq = step_seq;
+  std::vector<TokenId> top_ids;
+  std::vector<float> top;
   for (const PendingRow& row : it->rows) {
     if (!row.samples) {
       it->output.AddRow(row.id, {});
@@ -173,6 +177,16 @@ absl::Status FakeExecutor::Sample(StepSeq step_seq, const GrammarOutput* grammar
     }
     slot.tokens.push_back(token);
     it->output.AddRow(row.id, {token});
+    if (slot.logprobs >= 0) {
+      const float logprob = -static_cast<float>(Mix(row.last_cell) % 1000) / 100.0f;
+      top_ids.clear();
+      top.clear();
+      for (int32_t i = 0; i < slot.logprobs; ++i) {
+        top_ids.push_back(i == 0 ? token : (token + i) % options_.vocab_size);
+        top.push_back(logprob - static_cast<float>(i));
+      }
+      it->output.AddLogprob(logprob, top_ids, top);
+    }
   }
   return absl::OkStatus();
 }

@@ -16,7 +16,11 @@
 //    executor sampled itself in the previous step; the scheduler sends none;
 //  * which rows sample is decided by common/sampling_rule.h, as on a worker;
 //  * "sampling" maps the last cell to a token id (respecting a grammar mask),
-//    unless `force_token` overrides it (to place EOS at a given position).
+//    unless `force_token` overrides it (to place EOS at a given position);
+//  * a request with SamplingParams::logprobs = n >= 0 gets well-formed fake
+//    logprobs: a value <= 0 derived from the cell, and n top entries led by
+//    the sampled token itself, the others being the next ids with values
+//    1, 2, ... lower.
 //
 // Tokens therefore depend only on a request's context, which is what lets
 // sync, async and preempting runs be compared token for token.
@@ -75,6 +79,7 @@ class FakeExecutor : public Executor {
     std::vector<TokenId> tokens;  // prompt + every token sampled here
     int32_t num_prompt_tokens = 0;
     std::vector<BlockId> blocks;
+    int32_t logprobs = -1;  // SamplingParams::logprobs
   };
   struct PendingRow {
     RequestId id;

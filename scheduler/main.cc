@@ -1,11 +1,15 @@
 // tandem-scheduler: the scheduler process. It serves the worker control
-// stream and the Generate API on one port, and runs the engine thread over
-// the group of workers that register with it.
+// stream and the Generate API on one gRPC port, the OpenAI-compatible HTTP
+// API on another, and runs the engine thread over the group of workers that
+// register with it.
 //
-//   tandem-scheduler --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 50051 --pipeline-parallel-size 2
+//   tandem-scheduler --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 50051 --http-port 8000 \
+//       --pipeline-parallel-size 2
 //
 // The model file gives the tokenizer and the model's limits; the scheduler
 // loads no weights. SIGINT or SIGTERM shut it down cleanly.
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -19,6 +23,10 @@
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
 #include "common/tokenizer/tokenizer.h"
+#include "scheduler/frontend/chat_template.h"
+#include "scheduler/frontend/metrics.h"
+#include "scheduler/http/http_server.h"
+#include "scheduler/http/openai_server.h"
 #include "scheduler/rpc/grpc_scheduler_server.h"
 #include "scheduler/rpc/worker_group.h"
 #include "scheduler/serving_engine.h"
@@ -41,7 +49,41 @@ struct Flags {
   bool enable_prefix_caching = true;
   double step_timeout = 30.0;
   std::string trace_steps;
+  std::string http_host = "127.0.0.1";
+  int64_t http_port = 8000;
+  std::string http_port_file;
+  int64_t http_threads = 2;
+  std::string api_key;
+  std::string served_model_name;
 };
+
+// The model file's name without its directory and ".gguf".
+std::string ModelFileStem(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  return name;
+}
+
+// A thousand streaming clients need a thousand sockets: lift the soft limit
+// on open files to the hard one.
+void RaiseOpenFileLimit() {
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+http::GroupView ViewOf(const WorkerGroup& group) {
+  const GroupStatus status = group.Status();
+  http::GroupView view;
+  view.ready = status.ready;
+  view.description = status.description;
+  for (const WorkerStatus& w : status.workers) {
+    view.workers.push_back({w.rank, w.connected, w.busy_seconds, w.idle_seconds, w.steps});
+  }
+  return view;
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tandem-scheduler: %s\n", message.c_str());
@@ -67,6 +109,12 @@ int Main(int argc, char** argv) {
   flags.AddBool("enable-prefix-caching", &f.enable_prefix_caching, "reuse KV blocks of shared prefixes");
   flags.AddDouble("step-timeout", &f.step_timeout, "seconds to wait for a step's result before failing it");
   flags.AddString("trace-steps", &f.trace_steps, "write every step and result to this file as JSON lines");
+  flags.AddString("http-host", &f.http_host, "address of the OpenAI-compatible HTTP API");
+  flags.AddInt("http-port", &f.http_port, "port of the HTTP API (0: any free port; -1: no HTTP API)", -1, 65535);
+  flags.AddString("http-port-file", &f.http_port_file, "write the HTTP port actually bound here");
+  flags.AddInt("http-threads", &f.http_threads, "threads that serve every HTTP connection", 1, 256);
+  flags.AddString("api-key", &f.api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
+  flags.AddString("served-model-name", &f.served_model_name, "the model's name in the API (default: the file's name)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
@@ -116,7 +164,9 @@ int Main(int argc, char** argv) {
     if (engine) engine->Wake();
   };
   WorkerGroup group(group_options);
+  frontend::ServingMetrics metrics;
   engine = std::make_unique<ServingEngine>(config, &group, observers, model->context_length);
+  engine->set_listener(&metrics);
   auto server = SchedulerServer::Start(f.host, static_cast<int>(f.port), &group, engine.get(), tokenizer->get());
   if (!server.ok()) return Fail(std::string(server.status().message()));
   const int bound_port = (*server)->port();
@@ -124,6 +174,36 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "tandem-scheduler: listening on %s:%d for %lld worker(s); model %s\n", f.host.c_str(),
                bound_port, static_cast<long long>(f.pipeline_parallel_size), model->name.c_str());
   engine->Start();
+
+  std::unique_ptr<http::OpenAiFrontend> frontend;
+  std::unique_ptr<http::HttpServer> http_server;
+  if (f.http_port >= 0) {
+    RaiseOpenFileLimit();
+    http::OpenAiFrontendOptions options;
+    options.served_model_name = f.served_model_name.empty() ? ModelFileStem(f.model) : f.served_model_name;
+    options.api_key = f.api_key;
+    options.model_context_length = f.max_model_len > 0 ? static_cast<int32_t>(f.max_model_len) : model->context_length;
+    frontend = std::make_unique<http::OpenAiFrontend>(options, engine.get(), tokenizer->get(),
+                                                      frontend::ChatTemplate::Create((*tokenizer)->data().chat_template),
+                                                      &metrics, [&group] { return ViewOf(group); });
+    http::HttpServerOptions http_options;
+    http_options.host = f.http_host;
+    http_options.port = static_cast<int>(f.http_port);
+    http_options.threads = static_cast<int>(f.http_threads);
+    auto started = http::HttpServer::Start(http_options, [&frontend](http::HttpRequest request,
+                                                                      std::shared_ptr<http::ResponseWriter> writer) {
+      frontend->Handle(std::move(request), std::move(writer));
+    });
+    if (!started.ok()) {
+      (*server)->Shutdown();
+      engine->Stop();
+      return Fail(std::string(started.status().message()));
+    }
+    http_server = std::move(started).value();
+    if (!f.http_port_file.empty()) std::ofstream(f.http_port_file) << http_server->port() << "\n";
+    std::fprintf(stderr, "tandem-scheduler: OpenAI API on http://%s:%d/v1 as model '%s'\n", f.http_host.c_str(),
+                 http_server->port(), options.served_model_name.c_str());
+  }
 
   // Block the termination signals here and wait for one.
   sigset_t signals;
@@ -133,8 +213,12 @@ int Main(int argc, char** argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   std::fprintf(stderr, "tandem-scheduler: shutting down (signal %d)\n", signal);
+  // HTTP first (no new requests), then gRPC; the engine releases every
+  // response writer before the HTTP server's connections are destroyed.
+  if (http_server) http_server->Shutdown();
   (*server)->Shutdown();
   engine->Stop();
+  engine.reset();
   return 0;
 }
 

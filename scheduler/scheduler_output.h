@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/check.h"
 #include "common/types.h"
 #include "scheduler/request.h"
 #include "scheduler/sampling_params.h"
@@ -109,21 +111,72 @@ struct ModelRunnerOutput {
   std::vector<int32_t> sampled_offsets{0};
   std::vector<TokenId> sampled_token_ids;
 
+  // Logprobs of the rows whose request asked (SamplingParams::logprobs >= 0).
+  // All five lists stay empty when no row did, so such a step costs nothing.
+  // Otherwise row i's logprob entries are k in [logprob_offsets[i],
+  // logprob_offsets[i + 1]): none (the row did not ask, or sampled nothing)
+  // or exactly one per sampled token of the row, in order. Entry k holds the
+  // sampled token's logprob, sampled_logprobs[k], and its top-n alternatives,
+  // top_token_ids / top_logprobs [top_offsets[k] .. top_offsets[k + 1]), most
+  // likely first; n is the same for every entry of a row.
+  std::vector<int32_t> logprob_offsets;  // rows + 1 entries, or empty
+  std::vector<float> sampled_logprobs;
+  std::vector<int32_t> top_offsets;      // entries + 1, or empty
+  std::vector<TokenId> top_token_ids;
+  std::vector<float> top_logprobs;
+
   void AddRow(RequestId id, absl::Span<const TokenId> sampled) {
     request_ids.push_back(id);
     sampled_token_ids.insert(sampled_token_ids.end(), sampled.begin(), sampled.end());
     sampled_offsets.push_back(static_cast<int32_t>(sampled_token_ids.size()));
+    if (!logprob_offsets.empty()) logprob_offsets.push_back(logprob_offsets.back());
+  }
+  // Gives the next sampled token of the last row added its logprob and top
+  // alternatives. REQUIRES: that row has a sampled token without logprobs
+  // yet; top_ids.size() == top.size().
+  void AddLogprob(float logprob, absl::Span<const TokenId> top_ids, absl::Span<const float> top) {
+    TANDEM_DCHECK(!request_ids.empty() && top_ids.size() == top.size());
+    if (logprob_offsets.empty()) {  // the first entry: the rows before have none
+      logprob_offsets.assign(request_ids.size() + 1, 0);
+      top_offsets.push_back(0);
+    }
+    sampled_logprobs.push_back(logprob);
+    ++logprob_offsets.back();
+    TANDEM_DCHECK(NumLogprobs(request_ids.size() - 1) <= Sampled(request_ids.size() - 1).size());
+    top_token_ids.insert(top_token_ids.end(), top_ids.begin(), top_ids.end());
+    top_logprobs.insert(top_logprobs.end(), top.begin(), top.end());
+    top_offsets.push_back(static_cast<int32_t>(top_token_ids.size()));
   }
   absl::Span<const TokenId> Sampled(size_t row) const {
     return absl::MakeConstSpan(sampled_token_ids)
         .subspan(sampled_offsets[row], sampled_offsets[row + 1] - sampled_offsets[row]);
   }
+  bool has_logprobs() const { return !logprob_offsets.empty(); }
+  // 0 or Sampled(row).size(); the row's entries start at logprob_offsets[row].
+  size_t NumLogprobs(size_t row) const {
+    return has_logprobs() ? static_cast<size_t>(logprob_offsets[row + 1] - logprob_offsets[row]) : 0;
+  }
+  absl::Span<const TokenId> TopIds(size_t entry) const {
+    return absl::MakeConstSpan(top_token_ids).subspan(top_offsets[entry], top_offsets[entry + 1] - top_offsets[entry]);
+  }
+  absl::Span<const float> TopLogprobs(size_t entry) const {
+    return absl::MakeConstSpan(top_logprobs).subspan(top_offsets[entry], top_offsets[entry + 1] - top_offsets[entry]);
+  }
+};
+
+// The logprobs of one token delivered to a request (RequestOutput::logprobs).
+struct TokenLogprob {
+  float logprob = 0.0f;                        // of the sampled token, from the raw logits
+  std::vector<std::pair<TokenId, float>> top;  // top-n (id, logprob), most likely first
 };
 
 // What the engine reports to the frontend for one request after a step.
 struct RequestOutput {
   RequestId id = 0;
   absl::InlinedVector<TokenId, 2> new_token_ids;
+  // Empty when the request did not ask for logprobs (SamplingParams::logprobs
+  // < 0); otherwise one per new_token_ids entry, in the same order.
+  std::vector<TokenLogprob> logprobs;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<TokenId> stop_reason;
   absl::Status error;  // why, with FinishReason::kError (one word when OK)

@@ -197,6 +197,38 @@ TEST(SchedulerTest, MinTokensSuppressesEosAndStopIds) {
   EXPECT_EQ(all[1].num_output_tokens, 2);
 }
 
+// Several tokens in one row (speculative decoding): those after the stop
+// token are discarded, and so are their logprobs.
+TEST(SchedulerTest, LogprobsOfTokensAfterAStopAreNotReported) {
+  auto scheduler = MakeScheduler(VllmTestConfig(false));
+  RequestSpec spec = MakeRequest(0, 4, 10);
+  spec.sampling.stop_token_ids = {7};
+  spec.sampling.logprobs = 1;
+  ASSERT_TRUE(scheduler->AddRequest(std::move(spec)).ok());
+  ASSERT_TRUE(scheduler->AddRequest(MakeRequest(1, 4, 10)).ok());  // no logprobs
+  const SchedulerOutput step = scheduler->Schedule();
+  ASSERT_EQ(step.scheduled.size(), 2u);
+  ModelRunnerOutput result;
+  result.step_seq = step.step_seq;
+  result.AddRow(0, {5, 7, 9});
+  for (auto [t, logprob] : {std::make_pair(5, -0.5f), std::make_pair(7, -0.7f), std::make_pair(9, -0.9f)}) {
+    const std::vector<TokenId> top_ids = {t};
+    const std::vector<float> top = {logprob};
+    result.AddLogprob(logprob, top_ids, top);
+  }
+  result.AddRow(1, {3});
+  std::vector<RequestOutput> outputs;
+  scheduler->UpdateFromOutput(step, result, &outputs);
+  ASSERT_EQ(outputs.size(), 2u);
+  EXPECT_THAT(outputs[0].new_token_ids, ElementsAre(5, 7));
+  EXPECT_EQ(outputs[0].finish_reason, FinishReason::kStop);
+  ASSERT_EQ(outputs[0].logprobs.size(), 2u);
+  EXPECT_EQ(outputs[0].logprobs[1].logprob, -0.7f);
+  EXPECT_THAT(outputs[0].logprobs[1].top, ElementsAre(std::make_pair(TokenId{7}, -0.7f)));
+  EXPECT_THAT(outputs[1].new_token_ids, ElementsAre(3));
+  EXPECT_TRUE(outputs[1].logprobs.empty());
+}
+
 TEST(SchedulerTest, EosStopsUnlessIgnored) {
   for (bool ignore_eos : {false, true}) {
     auto scheduler = MakeScheduler(VllmTestConfig(false));

@@ -7,6 +7,28 @@
 #include "scheduler/scheduler.h"
 
 namespace tandem::scheduler {
+namespace {
+
+// Reports the logprobs of the tokens `out` took from `row` of `result` (a
+// prefix of the row's tokens: those after a stop are discarded), so that
+// out->logprobs stays aligned with out->new_token_ids.
+void CopyLogprobs(const ModelRunnerOutput& result, size_t row, RequestOutput* out) {
+  const size_t available = result.NumLogprobs(row);
+  if (available == 0) return;  // the request did not ask
+  TANDEM_DCHECK(available == result.Sampled(row).size() && out->new_token_ids.size() <= available);
+  out->logprobs.resize(out->new_token_ids.size());
+  for (size_t j = 0; j < out->logprobs.size(); ++j) {
+    const size_t k = static_cast<size_t>(result.logprob_offsets[row]) + j;
+    TokenLogprob& lp = out->logprobs[j];
+    lp.logprob = result.sampled_logprobs[k];
+    auto ids = result.TopIds(k);
+    auto logprobs = result.TopLogprobs(k);
+    lp.top.reserve(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) lp.top.emplace_back(ids[t], logprobs[t]);
+  }
+}
+
+}  // namespace
 
 void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerOutput& result,
                                  std::vector<RequestOutput>* outputs) {
@@ -44,9 +66,10 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
     absl::Span<const TokenId> sampled = result.Sampled(row);
     if (sampled.empty()) continue;  // a prefill chunk
     const RequestStatus before = r->status;
-    if (AppendDelivered(r, sampled, stale, &outputs->emplace_back())) {
-      finished.emplace_back(r, before);
-    }
+    RequestOutput& out = outputs->emplace_back();
+    const bool done = AppendDelivered(r, sampled, stale, &out);
+    if (result.has_logprobs()) CopyLogprobs(result, row, &out);
+    if (done) finished.emplace_back(r, before);
   }
   if (!finished.empty()) RemoveFinished(finished);
 }

@@ -42,7 +42,7 @@ void ServingEngine::Submit(std::string external_id, RequestSpec spec, std::share
         return;
       }
     }
-    submissions_.push_back({std::move(external_id), std::move(spec), std::move(sink)});
+    submissions_.push_back({std::move(external_id), std::move(spec), std::move(sink), std::chrono::steady_clock::now()});
   }
   wake_.notify_all();
 }
@@ -78,8 +78,18 @@ void ServingEngine::PublishSnapshot() {
     s.num_running = static_cast<int64_t>(scheduler_->num_running());
     s.num_waiting += static_cast<int64_t>(scheduler_->num_waiting());
     s.stats = scheduler_->stats();
+    const KvCacheManager& kv = scheduler_->kv_cache();
+    s.prefix_cache_queries = kv.prefix_cache_stats().queries;
+    s.prefix_cache_hits = kv.prefix_cache_stats().hits;
+    // Block 0 is the null block: never free, never usable.
+    s.kv_blocks_total = kv.pool().num_blocks() - 1;
+    s.kv_blocks_used = s.kv_blocks_total - kv.pool().num_free_blocks();
+    s.max_model_len = scheduler_->config().max_model_len;
   }
-  if (engine_) s.num_steps_in_flight = static_cast<int64_t>(engine_->in_flight().size());
+  if (engine_) {
+    s.num_steps_in_flight = static_cast<int64_t>(engine_->in_flight().size());
+    s.scheduler_seconds = engine_->scheduler_seconds();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   snapshot_ = s;
 }
@@ -108,11 +118,26 @@ absl::Status ServingEngine::EnsureScheduler() {
   }
   TANDEM_ASSIGN_OR_RETURN(scheduler_, Scheduler::Create(config));
   engine_ = std::make_unique<EngineCore>(scheduler_.get(), group_);
+  engine_->AddObserver(&queue_timer_);
   for (StepObserver* observer : observers_) engine_->AddObserver(observer);
   return absl::OkStatus();
 }
 
+void ServingEngine::QueueTimer::OnScheduled(const EngineCore& engine, const SchedulerOutput& step) {
+  if (step.new_requests.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (const NewRequestData& request : step.new_requests) {
+    auto it = engine_->arrival_.find(request.id);
+    if (it == engine_->arrival_.end()) continue;  // resumed after a preemption: counted once
+    if (engine_->listener_ != nullptr) {
+      engine_->listener_->OnFirstScheduled(std::chrono::duration<double>(now - it->second).count());
+    }
+    engine_->arrival_.erase(it);
+  }
+}
+
 void ServingEngine::FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status) {
+  arrival_.erase(id);
   RequestOutput out;
   out.id = id;
   out.finish_reason = FinishReason::kError;
@@ -130,6 +155,7 @@ void ServingEngine::Admit(Submission submission) {
     FailWith(id, submission.sink, s);
     return;
   }
+  arrival_[id] = submission.arrival;
   sinks_[id] = std::move(submission.sink);
 }
 
@@ -140,6 +166,7 @@ void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
     it->second->OnOutput(out);
     if (!out.finished()) continue;
     sinks_.erase(it);
+    arrival_.erase(out.id);
     std::lock_guard<std::mutex> lock(mu_);
     if (auto e = external_of_.find(out.id); e != external_of_.end()) {
       live_external_.erase(e->second);
@@ -216,7 +243,11 @@ void ServingEngine::Run() {
       }
     }
     if (engine_ != nullptr && group_->ready() && engine_->HasWork()) {
+      const double scheduler_before = engine_->scheduler_seconds();
       absl::StatusOr<EngineStepResult> result = engine_->Step();
+      if (result.ok() && listener_ != nullptr && (result->executed || result->updated)) {
+        listener_->OnSchedulerTime(engine_->scheduler_seconds() - scheduler_before);
+      }
       if (result.ok()) {
         Dispatch(result->outputs);
       } else {

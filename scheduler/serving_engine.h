@@ -17,6 +17,7 @@
 #ifndef TANDEM_SCHEDULER_SERVING_ENGINE_H_
 #define TANDEM_SCHEDULER_SERVING_ENGINE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -51,12 +52,32 @@ class RequestSink {
   virtual void OnOutput(const RequestOutput& output) = 0;
 };
 
+// Engine-thread events, for metrics. Called on the engine thread: must be
+// cheap and must not block.
+class ServingListener {
+ public:
+  virtual ~ServingListener() = default;
+  // A request was scheduled for the first time, `seconds` after Submit.
+  virtual void OnFirstScheduled(double seconds) {}
+  // The scheduler's own time (Schedule and UpdateFromOutput) in one engine
+  // iteration that launched or collected a step.
+  virtual void OnSchedulerTime(double seconds) {}
+};
+
 struct ServingSnapshot {
   bool executor_ready = false;
   int64_t num_running = 0;
   int64_t num_waiting = 0;   // including those waiting for the group
   int64_t num_steps_in_flight = 0;  // executed steps whose results are not yet processed
   SchedulerStats stats;
+  // Counters and the pool survive a re-formed group only as far as the
+  // scheduler does: they restart with it.
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // of those, found cached
+  int32_t kv_blocks_total = 0;       // usable blocks; 0 until the group first formed
+  int32_t kv_blocks_used = 0;        // not free (cached blocks nobody uses are free)
+  int32_t max_model_len = 0;         // 0 until the group first formed
+  double scheduler_seconds = 0;      // time in Schedule and UpdateFromOutput
 };
 
 class ServingEngine {
@@ -66,6 +87,8 @@ class ServingEngine {
   // what the pool holds). `group` and the observers must outlive the engine.
   ServingEngine(EngineConfig config, ExecutorGroup* group, std::vector<StepObserver*> observers = {},
                 int32_t model_context_length = 0);
+  // Optional; set before Start. Must outlive the engine.
+  void set_listener(ServingListener* listener) { listener_ = listener; }
   ~ServingEngine();
 
   void Start();
@@ -86,6 +109,17 @@ class ServingEngine {
     std::string external_id;
     RequestSpec spec;
     std::shared_ptr<RequestSink> sink;
+    std::chrono::steady_clock::time_point arrival;
+  };
+
+  // Sees each step as it is scheduled, for the time requests spend queued.
+  class QueueTimer : public StepObserver {
+   public:
+    explicit QueueTimer(ServingEngine* engine) : engine_(engine) {}
+    void OnScheduled(const EngineCore& engine, const SchedulerOutput& step) override;
+
+   private:
+    ServingEngine* const engine_;
   };
 
   void Run();
@@ -113,6 +147,9 @@ class ServingEngine {
   RequestId next_id_ = 1;                        // guarded by mu_
 
   // Engine thread only.
+  ServingListener* listener_ = nullptr;
+  QueueTimer queue_timer_{this};
+  absl::flat_hash_map<RequestId, std::chrono::steady_clock::time_point> arrival_;  // until first scheduled
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<EngineCore> engine_;
   std::vector<Submission> waiting_for_group_;

@@ -179,7 +179,53 @@ void EncodeRunnerOutput(const ModelRunnerOutput& output, v1::ModelRunnerOutput* 
     out->add_num_sampled(static_cast<int32_t>(output.Sampled(i).size()));
   }
   out->mutable_sampled_token_ids()->Add(output.sampled_token_ids.begin(), output.sampled_token_ids.end());
+  if (!output.has_logprobs()) return;
+  for (size_t i = 0; i < output.request_ids.size(); ++i) {
+    v1::TokenLogprobs* lp = out->add_logprobs();
+    for (int32_t k = output.logprob_offsets[i]; k < output.logprob_offsets[i + 1]; ++k) {
+      lp->add_sampled_logprobs(output.sampled_logprobs[k]);
+      auto ids = output.TopIds(k);
+      auto logprobs = output.TopLogprobs(k);
+      lp->mutable_top_token_ids()->Add(ids.begin(), ids.end());
+      lp->mutable_top_logprobs()->Add(logprobs.begin(), logprobs.end());
+    }
+  }
 }
+
+namespace {
+
+// Decodes in.logprobs into `output`, whose rows are already decoded. Either
+// no row carries logprobs, or every row has an entry: empty, or one logprob
+// per sampled token and the same number of top entries after each.
+absl::Status DecodeRunnerLogprobs(const v1::ModelRunnerOutput& in, ModelRunnerOutput* output) {
+  if (in.logprobs_size() == 0) return absl::OkStatus();
+  if (in.logprobs_size() != in.request_ids_size()) return Malformed("logprobs do not match request_ids");
+  output->logprob_offsets.reserve(in.request_ids_size() + 1);
+  output->logprob_offsets.push_back(0);
+  output->top_offsets.push_back(0);
+  for (int i = 0; i < in.request_ids_size(); ++i) {
+    const v1::TokenLogprobs& lp = in.logprobs(i);
+    const int n = lp.sampled_logprobs_size();
+    const int num_top = lp.top_token_ids_size();
+    if (n != 0 && n != in.num_sampled(i)) return Malformed("a row's logprobs do not match its sampled tokens");
+    if (lp.top_logprobs_size() != num_top) return Malformed("top_token_ids and top_logprobs differ in length");
+    if (n == 0 ? num_top != 0 : num_top % n != 0) return Malformed("a row's top entries do not divide among its tokens");
+    const int per_token = n == 0 ? 0 : num_top / n;
+    output->sampled_logprobs.insert(output->sampled_logprobs.end(), lp.sampled_logprobs().begin(),
+                                    lp.sampled_logprobs().end());
+    for (int k = 0; k < n; ++k) output->top_offsets.push_back(output->top_offsets.back() + per_token);
+    output->top_token_ids.insert(output->top_token_ids.end(), lp.top_token_ids().begin(), lp.top_token_ids().end());
+    output->top_logprobs.insert(output->top_logprobs.end(), lp.top_logprobs().begin(), lp.top_logprobs().end());
+    output->logprob_offsets.push_back(static_cast<int32_t>(output->sampled_logprobs.size()));
+  }
+  if (output->sampled_logprobs.empty()) {  // no row that sampled asked: keep the lean form
+    output->logprob_offsets.clear();
+    output->top_offsets.clear();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ModelRunnerOutput> DecodeRunnerOutput(const v1::ModelRunnerOutput& in) {
   if (in.num_sampled_size() != in.request_ids_size()) return Malformed("num_sampled does not match request_ids");
@@ -194,6 +240,7 @@ absl::StatusOr<ModelRunnerOutput> DecodeRunnerOutput(const v1::ModelRunnerOutput
     output.sampled_offsets.push_back(static_cast<int32_t>(offset));
   }
   if (offset != in.sampled_token_ids_size()) return Malformed("sampled counts do not add up to the token list");
+  if (absl::Status s = DecodeRunnerLogprobs(in, &output); !s.ok()) return s;
   return output;
 }
 

@@ -3,7 +3,9 @@
 // Conversion between the engine's step structs (scheduler_output.h) and the
 // wire messages of proto/tandem/v1/step.proto. Decoding validates what a peer
 // sent (parallel-list lengths, counts) and returns InvalidArgument instead of
-// trusting it. ScheduledRequest::samples does not travel: the worker derives
+// trusting it; a runner output's logprobs must come one per sampled token of
+// a row (or none) with the same number of top entries after each.
+// ScheduledRequest::samples does not travel: the worker derives
 // it from common/sampling_rule.h.
 #ifndef TANDEM_SCHEDULER_STEP_CODEC_H_
 #define TANDEM_SCHEDULER_STEP_CODEC_H_

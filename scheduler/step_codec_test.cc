@@ -409,5 +409,99 @@ TEST(RunnerOutputCodecTest, MalformedIsRejected) {
       "negative count");
 }
 
+TEST(RunnerOutputCodecTest, LogprobsRoundTrip) {
+  ModelRunnerOutput output;
+  output.step_seq = 3;
+  output.AddRow(4, {});  // a prefill chunk
+  output.AddRow(5, {9});  // did not ask
+  EXPECT_FALSE(output.has_logprobs());
+  output.AddRow(6, {7, 8});
+  const std::vector<TokenId> top_ids_a = {7, 1, 2};
+  const std::vector<float> top_a = {-0.5f, -1.5f, -2.5f};
+  output.AddLogprob(-0.5f, top_ids_a, top_a);
+  const std::vector<TokenId> top_ids_b = {3, 8, 4};
+  const std::vector<float> top_b = {-0.25f, -0.75f, -3.0f};
+  output.AddLogprob(-0.75f, top_ids_b, top_b);
+  output.AddRow(7, {11});
+  output.AddLogprob(-2.0f, {}, {});  // logprobs = 0: the sampled token's only
+  output.AddRow(8, {12});            // did not ask
+  ASSERT_TRUE(output.has_logprobs());
+  EXPECT_THAT(output.logprob_offsets, ElementsAre(0, 0, 0, 2, 3, 3));
+
+  v1::ModelRunnerOutput wire;
+  EncodeRunnerOutput(output, &wire);
+  ASSERT_EQ(wire.logprobs_size(), 5);
+  EXPECT_EQ(wire.logprobs(1).sampled_logprobs_size(), 0);
+  EXPECT_THAT(wire.logprobs(2).sampled_logprobs(), ElementsAre(-0.5f, -0.75f));
+  EXPECT_THAT(wire.logprobs(2).top_token_ids(), ElementsAre(7, 1, 2, 3, 8, 4));
+  auto decoded = DecodeRunnerOutput(wire);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->logprob_offsets, output.logprob_offsets);
+  EXPECT_EQ(decoded->sampled_logprobs, output.sampled_logprobs);
+  EXPECT_EQ(decoded->top_offsets, output.top_offsets);
+  EXPECT_EQ(decoded->top_token_ids, output.top_token_ids);
+  EXPECT_EQ(decoded->top_logprobs, output.top_logprobs);
+  EXPECT_EQ(decoded->NumLogprobs(2), 2u);
+  EXPECT_THAT(decoded->TopIds(1), ElementsAre(3, 8, 4));
+  EXPECT_THAT(decoded->TopLogprobs(1), ElementsAre(-0.25f, -0.75f, -3.0f));
+  EXPECT_THAT(decoded->TopIds(2), ElementsAre());
+  EXPECT_EQ(decoded->NumLogprobs(4), 0u);
+
+  // Without logprobs nothing travels and nothing is allocated.
+  ModelRunnerOutput plain;
+  plain.AddRow(1, {2});
+  v1::ModelRunnerOutput plain_wire;
+  EncodeRunnerOutput(plain, &plain_wire);
+  EXPECT_EQ(plain_wire.logprobs_size(), 0);
+  auto plain_decoded = DecodeRunnerOutput(plain_wire);
+  ASSERT_TRUE(plain_decoded.ok());
+  EXPECT_FALSE(plain_decoded->has_logprobs());
+  EXPECT_EQ(plain_decoded->top_offsets.capacity(), 0u);
+  // Entries for rows that sampled nothing with logprobs decode to the lean form.
+  plain_wire.add_logprobs();
+  plain_decoded = DecodeRunnerOutput(plain_wire);
+  ASSERT_TRUE(plain_decoded.ok());
+  EXPECT_FALSE(plain_decoded->has_logprobs());
+}
+
+TEST(RunnerOutputCodecTest, MalformedLogprobsAreRejected) {
+  ModelRunnerOutput output;
+  output.AddRow(5, {9});
+  output.AddRow(6, {7});
+  const std::vector<TokenId> top_ids = {7, 1};
+  const std::vector<float> top = {-0.5f, -1.5f};
+  output.AddLogprob(-0.5f, top_ids, top);
+  v1::ModelRunnerOutput base;
+  EncodeRunnerOutput(output, &base);
+  ASSERT_TRUE(DecodeRunnerOutput(base).ok());
+
+  auto expect_rejected = [&](const std::function<void(v1::ModelRunnerOutput&)>& mutate, const char* name) {
+    v1::ModelRunnerOutput wire = base;
+    mutate(wire);
+    EXPECT_EQ(DecodeRunnerOutput(wire).status().code(), absl::StatusCode::kInvalidArgument) << name;
+  };
+  expect_rejected([](v1::ModelRunnerOutput& w) { w.add_logprobs(); }, "more logprob rows than rows");
+  expect_rejected([](v1::ModelRunnerOutput& w) { w.mutable_logprobs()->RemoveLast(); }, "fewer logprob rows");
+  expect_rejected([](v1::ModelRunnerOutput& w) { w.mutable_logprobs(1)->add_sampled_logprobs(-1.0f); },
+                  "more logprobs than sampled tokens");
+  expect_rejected([](v1::ModelRunnerOutput& w) { w.mutable_logprobs(1)->add_top_token_ids(3); },
+                  "top ids and logprobs differ");
+  expect_rejected(
+      [](v1::ModelRunnerOutput& w) {
+        w.mutable_logprobs(0)->add_top_token_ids(3);
+        w.mutable_logprobs(0)->add_top_logprobs(-1.0f);
+      },
+      "top entries without a sampled logprob");
+  expect_rejected(
+      [](v1::ModelRunnerOutput& w) {
+        w.set_num_sampled(1, 2);
+        w.add_sampled_token_ids(4);
+        w.mutable_logprobs(1)->add_sampled_logprobs(-1.0f);
+        w.mutable_logprobs(1)->add_top_token_ids(3);
+        w.mutable_logprobs(1)->add_top_logprobs(-1.0f);  // 3 top entries for 2 tokens
+      },
+      "top entries that do not divide among the tokens");
+}
+
 }  // namespace
 }  // namespace tandem::scheduler

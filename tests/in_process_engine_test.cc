@@ -191,6 +191,85 @@ TEST(InProcessEngineTest, TheSameSeedGivesTheSameTokensWhateverTheBatch) {
   EXPECT_NE(RunAll(*engine, One(Request(3, prompt, 16, 1.0f, 78)))[3], alone);
 }
 
+struct WithLogprobs {
+  std::vector<TokenId> tokens;
+  std::vector<scheduler::TokenLogprob> logprobs;
+};
+
+// LocalEngine::Run keeps only the tokens: drive the engine loop directly.
+std::map<RequestId, WithLogprobs> RunWithLogprobs(LocalEngine& engine, std::vector<scheduler::RequestSpec> requests) {
+  std::map<RequestId, WithLogprobs> results;
+  for (scheduler::RequestSpec& spec : requests) {
+    results[spec.id];
+    EXPECT_TRUE(engine.engine().AddRequest(std::move(spec)).ok());
+  }
+  while (engine.engine().HasWork()) {
+    auto step = engine.engine().Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) break;
+    for (const scheduler::RequestOutput& out : step->outputs) {
+      EXPECT_TRUE(out.logprobs.empty() || out.logprobs.size() == out.new_token_ids.size()) << "request " << out.id;
+      WithLogprobs& r = results[out.id];
+      r.tokens.insert(r.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+    }
+  }
+  return results;
+}
+
+TEST(InProcessEngineTest, LogprobsDescribeTheGreedyTokens) {
+  auto make = [] {
+    std::vector<scheduler::RequestSpec> r;
+    r.push_back(Request(1, Prompt(7, 19), 12));
+    r.back().sampling.logprobs = 3;
+    r.push_back(Request(2, Prompt(8, 11), 12));  // no logprobs
+    r.push_back(Request(3, Prompt(9, 5), 6));
+    r.back().sampling.logprobs = 0;
+    return r;
+  };
+  LocalEngineOptions sync_options = TestOptions();
+  sync_options.async_scheduling = false;
+  const auto sync = RunWithLogprobs(*MakeEngine(sync_options), make());
+  const WithLogprobs& asked = sync.at(1);
+  ASSERT_EQ(asked.tokens.size(), 12u);
+  ASSERT_EQ(asked.logprobs.size(), 12u);
+  for (size_t i = 0; i < asked.tokens.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "token " << i);
+    const scheduler::TokenLogprob& lp = asked.logprobs[i];
+    EXPECT_LE(lp.logprob, 0.0f);
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, asked.tokens[i]);
+    EXPECT_FLOAT_EQ(lp.top[0].second, lp.logprob);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+  }
+  EXPECT_EQ(sync.at(2).tokens.size(), 12u);
+  EXPECT_TRUE(sync.at(2).logprobs.empty());
+  ASSERT_EQ(sync.at(3).logprobs.size(), 6u);
+  for (const scheduler::TokenLogprob& lp : sync.at(3).logprobs) EXPECT_TRUE(lp.top.empty());
+
+  // Async scheduling and pipeline stages report the same logprobs.
+  LocalEngineOptions staged = TestOptions();
+  staged.pipeline_parallel_size = 2;
+  for (const LocalEngineOptions& options : {TestOptions(), staged}) {
+    const auto other = RunWithLogprobs(*MakeEngine(options), make());
+    for (const auto& [id, want] : sync) {
+      SCOPED_TRACE(::testing::Message() << "request " << id << ", " << options.pipeline_parallel_size << " stages");
+      const WithLogprobs& got = other.at(id);
+      ASSERT_EQ(got.tokens, want.tokens);
+      ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+      for (size_t i = 0; i < want.logprobs.size(); ++i) {
+        EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-5);
+        ASSERT_EQ(got.logprobs[i].top.size(), want.logprobs[i].top.size());
+        for (size_t t = 0; t < want.logprobs[i].top.size(); ++t) {
+          EXPECT_EQ(got.logprobs[i].top[t].first, want.logprobs[i].top[t].first);
+          EXPECT_NEAR(got.logprobs[i].top[t].second, want.logprobs[i].top[t].second, 1e-5);
+        }
+      }
+    }
+  }
+}
+
 TEST(InProcessEngineTest, KvBlocksFitTheBudget) {
   LocalEngineOptions options = TestOptions();
   options.kv_cache_bytes = int64_t{8} << 20;

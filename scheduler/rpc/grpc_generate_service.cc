@@ -108,6 +108,16 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 void StreamSink::OnOutput(const RequestOutput& output) {
   v1::GenerateResponse response;
   response.mutable_token_ids()->Add(output.new_token_ids.begin(), output.new_token_ids.end());
+  if (!output.logprobs.empty()) {
+    v1::TokenLogprobs* logprobs = response.mutable_logprobs();
+    for (const TokenLogprob& token : output.logprobs) {
+      logprobs->add_sampled_logprobs(token.logprob);
+      for (const auto& [id, logprob] : token.top) {
+        logprobs->add_top_token_ids(id);
+        logprobs->add_top_logprobs(logprob);
+      }
+    }
+  }
   std::string text = decoder_.Add(output.new_token_ids);
   if (output.finished()) text += decoder_.Finish();
   response.set_text(std::move(text));

@@ -78,6 +78,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                    "--max-num-batched-tokens", std::to_string(options.max_num_batched_tokens),
                                    "--max-model-len", std::to_string(options.max_model_len),
                                    "--step-timeout", std::to_string(options.step_timeout_seconds)};
+  const std::string http_port_file = c->dir_ + "/http_port";
+  argv.insert(argv.end(), {"--http-host", options.host, "--http-port", std::to_string(options.http_port)});
+  if (options.http_port >= 0) argv.insert(argv.end(), {"--http-port-file", http_port_file});
+  if (!options.api_key.empty()) argv.insert(argv.end(), {"--api-key", options.api_key});
+  if (!options.served_model_name.empty()) argv.insert(argv.end(), {"--served-model-name", options.served_model_name});
   if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
   if (options.trace_steps || !options.trace_steps_path.empty()) {
     argv.push_back("--trace-steps");
@@ -91,6 +96,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
     if (c->port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   if (c->port_ == 0) return absl::UnavailableError("the scheduler did not report its port; see " + c->dir_);
+  // The HTTP API starts right after the gRPC server.
+  for (int i = 0; i < 200 && options.http_port >= 0 && c->http_port_ == 0; ++i) {
+    std::ifstream(http_port_file) >> c->http_port_;
+    if (c->http_port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (options.http_port >= 0 && c->http_port_ == 0) {
+    return absl::UnavailableError("the scheduler did not report its HTTP port; see " + c->dir_);
+  }
   c->workers_.assign(options.pipeline_parallel_size, -1);
   for (int32_t r = 0; r < options.pipeline_parallel_size; ++r) {
     if (absl::Status s = c->StartWorker(r); !s.ok()) return s;

@@ -22,7 +22,10 @@ namespace tandem::tools {
 struct ClusterOptions {
   std::string model_path;
   std::string host = "127.0.0.1";
-  int32_t port = 0;                        // 0: any free port
+  int32_t port = 0;                        // gRPC; 0: any free port
+  int32_t http_port = 0;                   // the OpenAI API on `host`; 0: any free port; -1: none
+  std::string api_key;                     // empty: none
+  std::string served_model_name;           // empty: the model file's name
   // Empty: a fresh directory under /tmp, removed by the destructor unless
   // `keep_directory`. Logs go there unless `inherit_output`.
   std::string directory;
@@ -49,6 +52,8 @@ class Cluster {
   ~Cluster();
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The OpenAI API's port; 0 without one.
+  int http_port() const { return http_port_; }
   const std::string& directory() const { return dir_; }
   std::string trace_path() const { return dir_ + "/trace.jsonl"; }
 
@@ -76,6 +81,7 @@ class Cluster {
   ClusterOptions options_;
   std::string dir_;
   int port_ = 0;
+  int http_port_ = 0;
   pid_t scheduler_ = -1;
   std::vector<pid_t> workers_;
 };

@@ -15,6 +15,7 @@ int RunMakeModel(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 int RunPerplexity(const std::vector<std::string>& args);
 int RunServe(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
 
 }  // namespace tandem::tools
 

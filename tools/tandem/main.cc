@@ -14,6 +14,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  serve       start a scheduler and its workers on this machine (gRPC API)\n"
     "  generate    continue a prompt with a model (in-process engine, or --connect)\n"
+    "  bench       benchmark an OpenAI-compatible HTTP server (like `vllm bench serve`)\n"
     "  perplexity  the perplexity of a text file under a model\n"
     "  trace       walk one request through the real scheduler and engine loop\n"
     "              (fake model) and print every schedule, output and discard\n"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return tandem::tools::RunGenerate(args);
   if (command == "perplexity") return tandem::tools::RunPerplexity(args);
   if (command == "serve") return tandem::tools::RunServe(args);
+  if (command == "bench") return tandem::tools::RunBench(args);
   if (command == "version" || command == "--version") return PrintVersion();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -21,16 +21,21 @@ int RunServe(const std::vector<std::string>& args) {
   ClusterOptions o;
   o.model_path = DefaultModelPath();
   o.port = 50051;
+  o.http_port = 8000;
   o.inherit_output = true;
   o.kv_cache_memory = "1GiB";
-  int64_t stages = 1, port = o.port, max_num_seqs = 128, max_tokens = 2048, max_model_len = 0, threads = 0;
+  int64_t stages = 1, grpc_port = o.port, http_port = o.http_port, max_num_seqs = 128, max_tokens = 2048, max_model_len = 0, threads = 0;
   bool async_scheduling = true;
   FlagParser flags("tandem serve",
                    "Starts a tandem-scheduler and --pipeline-parallel-size tandem-workers on this machine and\n"
-                   "supervises them. The scheduler serves the gRPC Generate API on --host:--port.");
+                   "supervises them. The scheduler serves the OpenAI-compatible API on http://--host:--port/v1\n"
+                   "and the gRPC Generate API (and the workers) on --host:--grpc-port.");
   flags.AddString("model", &o.model_path, "GGUF model file (default: the SmolLM2 model fetched by tools/setup.sh)");
-  flags.AddString("host", &o.host, "address to listen on");
-  flags.AddInt("port", &port, "gRPC port (0: any free port)", 0, 65535);
+  flags.AddString("host", &o.host, "address to listen on (0.0.0.0 for every interface)");
+  flags.AddInt("port", &http_port, "port of the OpenAI-compatible HTTP API (0: any free port)", 0, 65535);
+  flags.AddInt("grpc-port", &grpc_port, "port of the gRPC Generate API and the workers (0: any free port)", 0, 65535);
+  flags.AddString("api-key", &o.api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
+  flags.AddString("served-model-name", &o.served_model_name, "the model's name in the API (default: the file's name)");
   flags.AddInt("pipeline-parallel-size", &stages, "worker processes (pipeline stages)", 1, 64);
   flags.AddString("kv-cache-memory", &o.kv_cache_memory, "KV cache memory of each worker, e.g. 1GiB");
   flags.AddInt("threads", &threads, "CPU threads per worker (0: the machine's threads divided among the workers)", 0,
@@ -43,7 +48,8 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddDouble("step-timeout", &o.step_timeout_seconds, "seconds to wait for a step before failing it");
   flags.AddString("trace-steps", &o.trace_steps_path, "write every step and result to this file as JSON lines");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
-  o.port = static_cast<int32_t>(port);
+  o.port = static_cast<int32_t>(grpc_port);
+  o.http_port = static_cast<int32_t>(http_port);
   o.pipeline_parallel_size = static_cast<int32_t>(stages);
   o.max_num_seqs = static_cast<int32_t>(max_num_seqs);
   o.max_num_batched_tokens = static_cast<int32_t>(max_tokens);
@@ -65,10 +71,14 @@ int RunServe(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(cluster.status().message()).c_str());
     return 1;
   }
+  const std::string base = absl::StrCat("http://", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, ":", (*cluster)->http_port());
+  const std::string auth = o.api_key.empty() ? "" : absl::StrCat(" -H 'Authorization: Bearer ", o.api_key, "'");
   std::fprintf(stderr,
-               "tandem serve: ready on %s (gRPC Generate API)\n"
-               "  try: build/bin/tandem generate --connect %s --prompt \"The capital of France is\"\n",
-               (*cluster)->target().c_str(), (*cluster)->target().c_str());
+               "tandem serve: ready: OpenAI API on %s/v1, gRPC on %s\n"
+               "  try: curl %s/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
+               "         -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], "
+               "\"max_tokens\": 32}'\n",
+               base.c_str(), (*cluster)->target().c_str(), base.c_str(), auth.c_str());
   int received = 0;
   const std::string exited = (*cluster)->WaitForExit([&] {
     timespec zero{0, 0};

@@ -1,0 +1,100 @@
+// File: scheduler/http/openai_call.h
+//
+// OpenAiCall: one /v1/completions or /v1/chat/completions request in flight.
+// It submits one engine request per (prompt, choice), turns each one's
+// tokens into text (TextStream: UTF-8-safe, stop strings held back), and
+// writes SSE chunks as they come or one JSON body at the end.
+//
+// Threading: the engine thread only posts outputs to the connection's strand
+// (ResponseWriter::Post); everything else runs on that strand, so the call's
+// state needs no lock.
+#ifndef TANDEM_SCHEDULER_HTTP_OPENAI_CALL_H_
+#define TANDEM_SCHEDULER_HTTP_OPENAI_CALL_H_
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+#include "scheduler/frontend/json_util.h"
+#include "scheduler/frontend/metrics.h"
+#include "scheduler/frontend/openai_protocol.h"
+#include "scheduler/frontend/text_stream.h"
+#include "scheduler/http/http_server.h"
+#include "scheduler/serving_engine.h"
+
+namespace tandem::http {
+
+struct CallSetup {
+  std::string id;     // "cmpl-..." or "chatcmpl-..."
+  std::string model;  // the served model's name
+  int64_t created = 0;
+  std::chrono::steady_clock::time_point arrival;
+  int32_t max_model_len = 0;
+};
+
+class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
+ public:
+  static std::shared_ptr<OpenAiCall> Create(frontend::GenerationRequest request, CallSetup setup,
+                                            std::vector<std::vector<TokenId>> prompts,
+                                            scheduler::ServingEngine* engine, const Tokenizer* tokenizer,
+                                            frontend::ServingMetrics* metrics, std::shared_ptr<ResponseWriter> writer);
+
+  // Submits the engine requests.
+  void Start();
+
+  // From the engine thread: hands `output` of choice `index` to the strand.
+  void Deliver(size_t index, const scheduler::RequestOutput& output);
+
+  OpenAiCall(frontend::GenerationRequest request, CallSetup setup, std::vector<std::vector<TokenId>> prompts,
+             scheduler::ServingEngine* engine, const Tokenizer* tokenizer, frontend::ServingMetrics* metrics,
+             std::shared_ptr<ResponseWriter> writer);
+
+ private:
+  struct Choice {
+    std::string engine_id;  // the engine's external id
+    size_t prompt = 0;      // index into prompts_
+    std::optional<frontend::TextStream> text;
+    std::string full_text;  // for a whole (non-streamed) response
+    nlohmann::json logprobs;  // accumulated for a whole response
+    int32_t num_tokens = 0;
+    int32_t text_offset = 0;  // completions logprobs' text_offset
+    bool finished = false;
+    bool role_sent = false;
+    std::string finish_reason;
+    std::optional<std::string> stop_reason;
+    absl::Status error;
+    std::chrono::steady_clock::time_point last_token;
+  };
+
+  // On the strand.
+  void OnOutput(size_t index, const scheduler::RequestOutput& output);
+  void Finish(Choice& choice, std::string reason);
+  void OnClientGone();
+  void SendChunk(Choice& choice, size_t index, const std::string& text, const nlohmann::json& logprobs,
+                 bool final);
+  void Complete();
+  nlohmann::json Usage() const;
+  nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output, const std::string& text);
+  bool chat() const { return request_.endpoint == frontend::Endpoint::kChatCompletions; }
+
+  const frontend::GenerationRequest request_;
+  const CallSetup setup_;
+  const std::vector<std::vector<TokenId>> prompts_;
+  scheduler::ServingEngine* const engine_;
+  const Tokenizer* const tokenizer_;
+  frontend::ServingMetrics* const metrics_;
+  const std::shared_ptr<ResponseWriter> writer_;
+
+  std::vector<Choice> choices_;
+  size_t num_finished_ = 0;
+  bool stream_started_ = false;
+  bool client_gone_ = false;
+  std::optional<frontend::ApiError> error_;  // the first engine error, for a whole response
+};
+
+}  // namespace tandem::http
+
+#endif  // TANDEM_SCHEDULER_HTTP_OPENAI_CALL_H_

@@ -1,0 +1,85 @@
+// File: scheduler/http/openai_server.h
+//
+// OpenAiFrontend: the OpenAI-compatible HTTP API of the scheduler process
+// (ARCHITECTURE §8), served by HttpServer:
+//
+//   POST /v1/completions, /v1/chat/completions   (SSE with "stream": true)
+//   GET  /v1/models
+//   GET  /health    the process is up
+//   GET  /ready     every worker is up and the model is loaded (503 if not)
+//   GET  /metrics   Prometheus text format
+//
+// A request is parsed and validated on the connection's thread, tokenized
+// (chat messages through the model's chat template), and submitted to the
+// ServingEngine as one engine request per choice (`n`) and prompt. Outputs
+// come back on the engine thread and are posted to the connection's strand,
+// where they are detokenized, checked for stop strings and written. A stop
+// string aborts its engine request at once, so its KV blocks are freed
+// without waiting for max_tokens; so does a client that hangs up.
+//
+// Thread-safe: Handle may run on any of the server's threads at once.
+#ifndef TANDEM_SCHEDULER_HTTP_OPENAI_SERVER_H_
+#define TANDEM_SCHEDULER_HTTP_OPENAI_SERVER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+#include "scheduler/frontend/chat_template.h"
+#include "scheduler/frontend/metrics.h"
+#include "scheduler/frontend/openai_protocol.h"
+#include "scheduler/http/http_server.h"
+#include "scheduler/serving_engine.h"
+
+namespace tandem::http {
+
+// The worker group as the frontend sees it.
+struct GroupView {
+  bool ready = false;
+  std::string description;  // what the group waits for, in words
+  std::vector<frontend::WorkerTimes> workers;
+};
+
+struct OpenAiFrontendOptions {
+  std::string served_model_name;
+  std::string api_key;               // empty: no authentication
+  int32_t model_context_length = 0;  // the limit before the group first forms
+};
+
+class OpenAiFrontend {
+ public:
+  // `chat_template` is the model's, or why it cannot be used (chat requests
+  // then get that error; completions still work). The pointers must outlive
+  // the frontend.
+  OpenAiFrontend(OpenAiFrontendOptions options, scheduler::ServingEngine* engine, const Tokenizer* tokenizer,
+                 absl::StatusOr<frontend::ChatTemplate> chat_template, frontend::ServingMetrics* metrics,
+                 std::function<GroupView()> group);
+
+  void Handle(HttpRequest request, std::shared_ptr<ResponseWriter> writer);
+
+ private:
+  void HandleGeneration(frontend::Endpoint endpoint, const HttpRequest& request,
+                        std::shared_ptr<ResponseWriter> writer);
+  void RespondJson(ResponseWriter& writer, int status, const std::string& body);
+  void RespondError(ResponseWriter& writer, const frontend::ApiError& error);
+  int32_t MaxModelLen() const;
+
+  const OpenAiFrontendOptions options_;
+  scheduler::ServingEngine* const engine_;
+  const Tokenizer* const tokenizer_;
+  const absl::StatusOr<frontend::ChatTemplate> chat_template_;
+  std::vector<TokenId> end_of_turn_ids_;  // stop tokens of a chat turn
+  frontend::ServingMetrics* const metrics_;
+  const std::function<GroupView()> group_;
+  const int64_t created_;  // the "created" of /v1/models
+  std::atomic<uint64_t> next_call_{1};
+};
+
+}  // namespace tandem::http
+
+#endif  // TANDEM_SCHEDULER_HTTP_OPENAI_SERVER_H_

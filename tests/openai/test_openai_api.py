@@ -1,0 +1,273 @@
+"""The OpenAI-compatible API of a real `tandem serve`, driven by the official
+`openai` client (and raw HTTP where the client would hide the bytes)."""
+import asyncio
+import http.client
+import json
+import os
+import socket
+import subprocess
+import time
+
+import openai
+import pytest
+
+from conftest import BIN, MODEL, SERVED_NAME, Server
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def raw_request(server, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    data = body if isinstance(body, (bytes, type(None))) else body.encode()
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    payload = resp.read()
+    conn.close()
+    return resp.status, resp.getheaders(), payload
+
+
+def wait_for(predicate, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_health_ready_models(server, client):
+    assert raw_request(server, "GET", "/health")[0] == 200
+    status, _, body = raw_request(server, "GET", "/ready")
+    assert status == 200 and json.loads(body)["ready"] is True
+    models = client.models.list()
+    assert [m.id for m in models.data] == [SERVED_NAME]
+
+
+def test_completion(server, client):
+    r = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert r.object == "text_completion"
+    assert "Paris" in r.choices[0].text
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.prompt_tokens == 5
+    assert 1 <= r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streamed_completion_equals_whole(client):
+    whole = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=12, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert whole.usage.completion_tokens == 12
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model=SERVED_NAME, messages=CHAT, max_tokens=24, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert "Paris" in r.choices[0].message.content
+    stream = client.chat.completions.create(model=SERVED_NAME, messages=CHAT, max_tokens=24, temperature=0,
+                                            stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert content == r.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_sse_framing_byte_for_byte(server):
+    body = json.dumps({"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 5, "temperature": 0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    status, headers, payload = raw_request(server, "POST", "/v1/completions", body)
+    assert status == 200
+    assert dict(headers)["Content-Type"] == "text/event-stream"
+    text = payload.decode()
+    events = text.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    rebuilt = ""
+    for event in events[:-2]:
+        assert event.startswith("data: ") and "\n" not in event
+        obj = json.loads(event[len("data: "):])
+        rebuilt += "data: " + json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n\n"
+        assert obj["object"] == "text_completion" and obj["model"] == SERVED_NAME
+    rebuilt += "data: [DONE]\n\n"
+    assert rebuilt == text  # no stray whitespace, fields sorted, one line per event
+    usage = json.loads(events[-3][len("data: "):])["usage"]
+    assert usage == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+
+
+def test_stop_string_is_held_back_and_ends_the_request(server, client):
+    full = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=24, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    expected = full[:full.index(stop)]
+    r = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens < 24
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=SERVED_NAME, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True,
+        extra_body={"ignore_eos": True}))
+    assert streamed == expected
+    assert wait_for(lambda: server.metric("tandem:num_requests_running") == 0)
+
+
+def test_n_seed_and_sampling_parameters(client):
+    kwargs = dict(model=SERVED_NAME, prompt="Once upon a time", max_tokens=10, temperature=1.0, top_p=0.9,
+                  n=3, seed=1234, presence_penalty=0.5, frequency_penalty=0.5,
+                  extra_body={"top_k": 50, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 4})
+    a = client.completions.create(**kwargs)
+    b = client.completions.create(**kwargs)
+    assert sorted(c.index for c in a.choices) == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # a seed reproduces
+    assert len({c.text for c in a.choices}) > 1  # and the choices differ
+    assert a.usage.completion_tokens >= 12
+
+
+def test_logprobs(client):
+    r = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == r.choices[0].text
+    for logprob, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0 and len(top) == 3
+        assert abs(max(top.values()) - logprob) < 1e-4  # greedy: the sampled token is the top one
+    chat = client.chat.completions.create(model=SERVED_NAME, messages=CHAT, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) >= 1 and all(len(c.top_logprobs) == 2 for c in content)
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", "{not json", 400, None),
+    ("/v1/completions", '["a list"]', 400, None),
+    ("/v1/completions", '{"prompt": 5}', 400, "prompt"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": "ten"}', 400, "max_tokens"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
+    ("/v1/completions", '{"prompt": "x", "temperature": -1}', 400, "temperature"),
+    ("/v1/completions", '{"prompt": "x", "top_p": 7}', 400, "top_p"),
+    ("/v1/completions", '{"prompt": "x", "n": 100000}', 400, "n"),
+    ("/v1/completions", '{"prompt": "x", "logprobs": 1000}', 400, "logprobs"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": 1000000000}', 400, "max_tokens"),
+    ("/v1/completions", '{"prompt": [99999999]}', 400, "prompt"),
+    ("/v1/completions", '{"prompt": "x", "model": "gpt-4"}', 404, "model"),
+    ("/v1/completions", '{"prompt": "x", "echo": true}', 400, "echo"),
+    ("/v1/chat/completions", '{"messages": "hi"}', 400, "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": 3}]}', 400, "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages"),
+    ("/v1/nothing", "{}", 404, None),
+])
+def test_bad_input_gets_an_error_object(server, path, body, status, param):
+    got, _, payload = raw_request(server, "POST", path, body)
+    assert got == status, payload
+    error = json.loads(payload)["error"]
+    assert error["message"] and error["code"] == status
+    assert error["param"] == param
+
+
+def test_prompt_longer_than_the_context(server, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=SERVED_NAME, prompt="hello " * 9000, max_tokens=4)
+    assert "maximum context length" in str(e.value)
+
+
+def test_oversized_body_is_413(server):
+    got, _, payload = raw_request(server, "POST", "/v1/completions", b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
+    assert got == 413
+    assert json.loads(payload)["error"]["code"] == 413
+
+
+def test_wrong_method_is_405(server):
+    assert raw_request(server, "GET", "/v1/completions")[0] == 405
+
+
+def test_a_client_that_disconnects_frees_its_blocks(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True, "stream": True})
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += sock.recv(4096)
+    assert server.metric("tandem:kv_cache_usage_perc") > 0
+    aborted = server.metric('tandem:request_success_total{model_name="%s",finished_reason="abort"}' % SERVED_NAME)
+    sock.close()
+    assert wait_for(lambda: server.metric("tandem:kv_cache_usage_perc") == 0
+                    and server.metric("tandem:num_requests_running") == 0), server.metrics()
+    assert server.metric('tandem:request_success_total{model_name="%s",finished_reason="abort"}' % SERVED_NAME) \
+        == aborted + 1
+
+
+def test_metrics_have_vllm_names(server, client):
+    client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=3)
+    text = server.metrics()
+    for name in ["tandem:num_requests_running", "tandem:num_requests_waiting", "tandem:kv_cache_usage_perc",
+                 "tandem:prefix_cache_queries_total", "tandem:prefix_cache_hits_total",
+                 "tandem:num_preemptions_total", "tandem:request_success_total",
+                 "tandem:time_to_first_token_seconds_bucket", "tandem:inter_token_latency_seconds_bucket",
+                 "tandem:e2e_request_latency_seconds_bucket", "tandem:request_queue_time_seconds_bucket",
+                 "tandem:scheduler_step_duration_seconds_bucket", "tandem:worker_idle_seconds_total",
+                 "tandem:wasted_steps_total"]:
+        assert name in text, name
+    assert server.metric("tandem:time_to_first_token_seconds_count") >= 1
+    assert server.metric("tandem:prefix_cache_queries_total") > 0
+
+
+def test_200_concurrent_streams(server):
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+        async def one(i):
+            stream = await aclient.completions.create(model=SERVED_NAME, prompt=f"Count to {i}:", max_tokens=4,
+                                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+            text, finish = "", None
+            async for chunk in stream:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            return finish
+
+        results = await asyncio.gather(*(one(i) for i in range(200)), return_exceptions=True)
+        await aclient.close()
+        return results
+
+    results = asyncio.run(main())
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert not errors, errors[:3]
+    assert results == ["length"] * 200
+    assert wait_for(lambda: server.metric("tandem:kv_cache_usage_perc") == 0)
+
+
+def test_tandem_bench_against_the_server(server, tmp_path):
+    result = tmp_path / "bench.json"
+    out = subprocess.run([os.path.join(BIN, "tandem"), "bench", "--base-url", server.base, "--tokenizer", MODEL,
+                          "--num-prompts", "12", "--random-input-len", "16", "--random-output-len", "8",
+                          "--ignore-eos", "--max-concurrency", "4", "--result-file", str(result),
+                          "--disable-progress-bar"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(result.read_text())
+    assert figures["completed"] == 12
+    assert figures["total_output_tokens"] == 12 * 8
+    assert figures["mean_ttft_ms"] > 0 and figures["output_throughput"] > 0
+
+
+def test_api_key(tmp_path):
+    if not os.path.exists(MODEL):
+        pytest.skip("model missing")
+    s = Server(extra_args=["--api-key", "sekret"], log_name="serve_key.log", tmp_path=str(tmp_path))
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.base + "/v1", api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=s.base + "/v1", api_key="sekret", max_retries=0)
+        assert ok.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
+        assert raw_request(s, "GET", "/health")[0] == 200  # liveness needs no key
+    finally:
+        s.stop()
