@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,14 @@ absl::StatusOr<TemporaryFile> TemporaryFile::Create(std::string_view stem, std::
 
 TemporaryFile::~TemporaryFile() {
   if (!path_.empty()) std::remove(path_.c_str());
+}
+
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
 }
 
 }  // namespace tandem

@@ -17,6 +17,10 @@ namespace tandem {
 // sees half a file. Errors name the file and the system's reason.
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
+// Lifts this process's soft limit on open files to the hard limit: a
+// thousand client connections need a thousand sockets.
+void RaiseOpenFileLimit();
+
 // A file under the system's temporary directory, named from `stem`, this
 // process's id and a counter, removed when the object is destroyed (tests keep
 // one in a function-local static, so it lives until the process exits).

@@ -8,8 +8,6 @@
 //
 // The model file gives the tokenizer and the model's limits; the scheduler
 // loads no weights. SIGINT or SIGTERM shut it down cleanly.
-#include <sys/resource.h>
-
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -19,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/default_model.h"
+#include "common/file_util.h"
 #include "common/flags.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
@@ -62,16 +61,6 @@ std::string ModelFileStem(const std::string& path) {
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
   return name;
-}
-
-// A thousand streaming clients need a thousand sockets: lift the soft limit
-// on open files to the hard one.
-void RaiseOpenFileLimit() {
-  rlimit limit;
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
 }
 
 http::GroupView ViewOf(const WorkerGroup& group) {

@@ -95,4 +95,11 @@ absl::StatusOr<TokenizerData> ReadTokenizerData(const gguf::GgufFile& file) {
   return data;
 }
 
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
+  auto file = gguf::GgufFile::Open(path);
+  if (!file.ok()) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
+  TANDEM_ASSIGN_OR_RETURN(TokenizerData data, ReadTokenizerData(**file));
+  return Tokenizer::Create(std::move(data));
+}
+
 }  // namespace tandem

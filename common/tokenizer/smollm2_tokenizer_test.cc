@@ -123,11 +123,7 @@ class SmolLm2TokenizerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string path = tokenizer_test::SmolLm2Path();
     if (!std::filesystem::exists(path)) return;
-    auto file = gguf::GgufFile::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto data = ReadTokenizerData(**file);
-    ASSERT_TRUE(data.ok()) << data.status();
-    auto tokenizer = Tokenizer::Create(*std::move(data));
+    auto tokenizer = LoadTokenizerFile(path);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = tokenizer->release();
   }

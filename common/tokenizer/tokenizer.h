@@ -65,6 +65,10 @@ struct TokenizerData {
 // Reads the tokenizer metadata; errors name the key that is missing or bad.
 absl::StatusOr<TokenizerData> ReadTokenizerData(const gguf::GgufFile& file);
 
+class Tokenizer;
+// Opens a GGUF file and builds its tokenizer; the error names the file.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path);
+
 class Tokenizer {
  public:
   // Validates `data` (ids in range, merges name known tokens, every

@@ -328,11 +328,7 @@ class SmolLm2ChatTemplateTest : public ::testing::Test {
     if (!std::filesystem::exists(path)) {
       GTEST_SKIP() << path << " is absent; tools/setup.sh fetches it";
     }
-    auto file = gguf::GgufFile::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto data = ReadTokenizerData(**file);
-    ASSERT_TRUE(data.ok()) << data.status();
-    auto tokenizer = Tokenizer::Create(*std::move(data));
+    auto tokenizer = LoadTokenizerFile(path);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = *std::move(tokenizer);
   }

@@ -365,11 +365,7 @@ TEST(SmolLm2TextStreamTest, StopStringOnASplitEmoji) {
   const std::string path = tokenizer_test::SmolLm2Path();
   if (!std::filesystem::exists(path))
     GTEST_SKIP() << path << " is absent; tools/setup.sh fetches it";
-  auto file = gguf::GgufFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto data = ReadTokenizerData(**file);
-  ASSERT_TRUE(data.ok()) << data.status();
-  auto tokenizer = Tokenizer::Create(*std::move(data));
+  auto tokenizer = LoadTokenizerFile(path);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
 
   const std::string text = std::string("Hello ") + kWave + " world";

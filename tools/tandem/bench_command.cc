@@ -1,7 +1,6 @@
 // `tandem bench`: a serving benchmark against any OpenAI-compatible HTTP
 // endpoint, like `vllm bench serve` with its random dataset: same flags, same
 // metric definitions, same result table and result-file keys.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/default_model.h"
 #include "common/flags.h"
-#include "common/gguf/gguf_file.h"
+#include "common/file_util.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/tandem/commands.h"
@@ -30,23 +29,12 @@ int Fail(int code, const std::string& message) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) {
-    return absl::NotFoundError(absl::StrCat("cannot open --tokenizer ", path, ": ", file.status().message(),
+  auto tokenizer = LoadTokenizerFile(path);
+  if (!tokenizer.ok() && absl::IsNotFound(tokenizer.status())) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer: ", tokenizer.status().message(),
                                             " (pass a GGUF file, or fetch the default with tools/setup.sh)"));
   }
-  auto data = ReadTokenizerData(**file);
-  if (!data.ok()) return data.status();
-  return Tokenizer::Create(std::move(data).value());
-}
-
-// Each request in flight holds a socket: lift the soft descriptor limit.
-void RaiseOpenFileLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
+  return tokenizer;
 }
 
 // "\r[=========>          ] 37/100" on stderr.
