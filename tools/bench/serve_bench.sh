@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Serving benchmark: starts `tandem serve` (SmolLM2 by default) on a free
+# port, runs `tandem bench` against it, stops it. Arguments before `--` go to
+# `tandem serve`, after it to `tandem bench`; results land in $OUT (default
+# bench-results/).
+#
+#   tools/bench/serve_bench.sh -- --num-prompts 64 --max-concurrency 16
+#   tools/bench/serve_bench.sh --no-async-scheduling -- --num-prompts 64 --max-concurrency 16
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+serve_args=()
+while (($#)) && [ "$1" != "--" ]; do serve_args+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+out=${OUT:-bench-results}
+mkdir -p "$out"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+name=$(date +%Y%m%d-%H%M%S)
+build/bin/tandem serve --port "$port" --grpc-port 0 "${serve_args[@]}" > "$out/serve-$name.log" 2>&1 &
+serve=$!
+trap 'kill $serve 2>/dev/null; wait $serve 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break
+  kill -0 $serve 2>/dev/null || { cat "$out/serve-$name.log"; exit 1; }
+  sleep 0.2
+done
+echo "tandem serve ${serve_args[*]}"
+build/bin/tandem bench --base-url "http://127.0.0.1:$port" --result-file "$out/bench-$name.json" "$@"
+# The workers' idle time over the run, from the scheduler's metrics.
+curl -s "http://127.0.0.1:$port/metrics" | grep -E '^tandem:worker_(idle|busy)_seconds_total|^tandem:scheduler_time_seconds_total|^tandem:engine_steps_total'
