@@ -77,7 +77,7 @@ int RunServe(const std::vector<std::string>& args) {
                "tandem serve: ready: OpenAI API on %s/v1, gRPC on %s\n"
                "  try: curl %s/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
                "         -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], "
-               "\"max_tokens\": 32}'\n",
+               "\"max_tokens\": 32, \"temperature\": 0}'\n",
                base.c_str(), (*cluster)->target().c_str(), base.c_str(), auth.c_str());
   int received = 0;
   const std::string exited = (*cluster)->WaitForExit([&] {
