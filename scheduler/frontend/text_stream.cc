@@ -9,8 +9,8 @@
 namespace tandem::frontend {
 
 TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop,
-                       bool include_stop_in_output, bool skip_special)
-    : decoder_(tokenizer, skip_special), include_stop_(include_stop_in_output) {
+                       bool include_stop_in_output, bool skip_special, int32_t min_tokens)
+    : decoder_(tokenizer, skip_special), include_stop_(include_stop_in_output), min_tokens_(min_tokens) {
   for (std::string& s : stop) {
     if (s.empty() || !tokenizer_internal::IsValidUtf8(s)) continue;
     StopMatcher m;
@@ -44,7 +44,7 @@ void TextStream::Consume(const std::string& text, TextDelta* delta) {
   held_ += text;
   for (size_t i = 0; i < text.size(); ++i) {
     const std::string* stop = Step(text[i]);
-    if (stop == nullptr) continue;
+    if (stop == nullptr || num_tokens_ < min_tokens_) continue;
     // The match ends at held_[base + i]; keep what precedes it (and it).
     held_.resize(base + i + 1 - (include_stop_ ? 0 : stop->size()));
     delta->text += held_;

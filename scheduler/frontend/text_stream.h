@@ -50,8 +50,10 @@ class TextStream {
   // so are ones that are not valid UTF-8 (decoded text is valid UTF-8, so
   // such a string could only match inside a character; the frontend should
   // reject them when it parses the request).
+  // A stop string completed by one of the first `min_tokens` tokens does not
+  // count (vLLM: stop strings are checked once min_tokens are out).
   TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop,
-             bool include_stop_in_output = false, bool skip_special = true);
+             bool include_stop_in_output = false, bool skip_special = true, int32_t min_tokens = 0);
 
   // Adds the request's next tokens and returns the text that can be emitted
   // now. Once a stop string has matched, further calls return an empty delta.
@@ -91,6 +93,7 @@ class TextStream {
   IncrementalDecoder decoder_;
   std::vector<StopMatcher> stops_;
   const bool include_stop_;
+  const int32_t min_tokens_;
   // Decoded, not yet emitted: the longest suffix of the text that is a
   // proper prefix of a stop string (size == the largest `matched`).
   std::string held_;

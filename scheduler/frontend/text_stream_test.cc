@@ -75,6 +75,19 @@ TEST_F(TextStreamTest, WithoutStopStringsMatchesIncrementalDecoder) {
   }
 }
 
+TEST_F(TextStreamTest, MinTokensDefersStopStrings) {
+  // "ab" completes at token 2 and again at token 5; with min_tokens 3 only
+  // the second counts, and the text before it, the first "ab" included, is out.
+  TextStream stream(tokenizer_.get(), {"ab"}, false, true, /*min_tokens=*/3);
+  const TextDelta delta = stream.Add(Bytes("abxab!"));
+  EXPECT_TRUE(delta.stopped);
+  EXPECT_EQ(delta.text, "abx");
+  EXPECT_EQ(stream.num_tokens(), 5);
+  // A match that completes exactly at min_tokens counts.
+  TextStream at(tokenizer_.get(), {"ab"}, false, true, /*min_tokens=*/2);
+  EXPECT_TRUE(at.Add(Bytes("ab")).stopped);
+}
+
 TEST_F(TextStreamTest, StopAtTheStart) {
   TextStream stream(tokenizer_.get(), {"Hello"});
   EXPECT_THAT(AddEach(&stream, "Hell"), ElementsAre("", "", "", ""));

@@ -35,10 +35,6 @@ const std::string& HttpRequest::header(const std::string& name) const {
 
 namespace {
 
-// Bytes a connection reads while a response is pending before it stops
-// looking (a client pipelining a flood of requests waits for its turn).
-constexpr size_t kMaxReadAhead = 1 << 20;
-
 std::string StatusLine(int status) {
   const auto reason = bhttp::obsolete_reason(bhttp::int_to_status(static_cast<unsigned>(status)));
   return absl::StrCat("HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()), "\r\n");
@@ -87,7 +83,8 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string bytes = StatusLine(status);
     absl::StrAppend(&bytes, "Content-Type: ", content_type, "\r\nContent-Length: ", body.size(), "\r\n");
     AppendHeaders(headers, &bytes);
-    absl::StrAppend(&bytes, keep_alive_ ? "" : "Connection: close\r\n", "\r\n", body);
+    absl::StrAppend(&bytes, keep_alive_ ? "" : "Connection: close\r\n", "\r\n");
+    if (!head_) bytes += body;  // HEAD: the headers of a GET, no body
     Queue(std::move(bytes));
   }
 
@@ -171,6 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     request.body = std::move(raw.body());
     keep_alive_ = raw.keep_alive();
+    head_ = raw.method() == bhttp::verb::head;
     BeginResponse();
     auto writer = std::make_shared<Writer>(shared_from_this(), generation_);
     Watch();
@@ -190,6 +188,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // client sees the answer rather than a reset connection.
   void RejectAndClose(int status, const std::string& message) {
     keep_alive_ = false;
+    head_ = false;
     drain_ = true;
     BeginResponse();
     std::string body = absl::StrCat(R"({"error":{"message":")", message, R"(","type":"invalid_request_error","param":null,"code":)", status, "}}");
@@ -197,10 +196,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Keeps a read pending while a response is being produced, to learn at
-  // once that the client hung up. Bytes read (a pipelined next request) stay
-  // in buffer_ for the next ReadRequest.
+  // once that the client hung up. Bytes that arrive instead are the client's
+  // next request (pipelined, or sent as soon as it had our answer): they stay
+  // in buffer_ for the next ReadRequest, and the watch ends there, since a
+  // client that sends is still there (a later hang-up shows as a failed
+  // write).
   void Watch() {
-    if (watching_ || gone_ || closed_ || buffer_.size() >= kMaxReadAhead) return;
+    if (watching_ || gone_ || closed_) return;
     watching_ = true;
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->watching_ = false;
@@ -209,11 +211,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       self->buffer_.commit(n);
-      if (self->handling_) {
-        self->Watch();
-      } else {
-        self->ReadRequest();
-      }
+      if (!self->handling_) self->ReadRequest();
     });
   }
 
@@ -299,6 +297,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool response_started_ = false;
   bool response_ended_ = false;
   bool keep_alive_ = true;
+  bool head_ = false;  // the request is a HEAD
   bool watching_ = false;
   bool writing_ = false;
   bool gone_ = false;

@@ -74,6 +74,10 @@ TEST(HttpServerTest, WholeResponsesOnAKeptAliveConnection) {
   client.Send("POST /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Test: yes\r\nContent-Length: 4\r\n\r\nbody");
   const std::string first = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 20\r\n\r\nPOST /a b=1 yes body";
   EXPECT_EQ(client.Read(first.size()), first);
+  // HEAD: a GET's headers, Content-Length included, and no body.
+  client.Send("HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\n";
+  EXPECT_EQ(client.Read(head.size()), head);
   client.Send("GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(client.ReadUntilClosed(),
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nGET /c   ");

@@ -94,7 +94,8 @@ void OpenAiCall::Start() {
       Choice& c = choices_[p * n + j];
       c.prompt = p;
       c.engine_id = absl::StrCat(setup_.id, "-", p * n + j);
-      c.text.emplace(tokenizer_, request_.stop, request_.include_stop_str_in_output, request_.skip_special_tokens);
+      c.text.emplace(tokenizer_, request_.stop, request_.include_stop_str_in_output, request_.skip_special_tokens,
+                     request_.sampling.min_tokens);
       if (!chat()) c.logprobs = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
                                      {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
       else c.logprobs = Json{{"content", Json::array()}};

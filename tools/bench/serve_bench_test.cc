@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -534,11 +535,17 @@ class FakeOpenAiServer {
     const int now = ++in_flight_;
     for (int peak = peak_; now > peak && !peak_.compare_exchange_weak(peak, now);) {
     }
-    Stream(fd, Json::parse(body));
-    --in_flight_;
+    // The request stops counting just before its last bytes go out: the
+    // client may start its next request as soon as it reads them.
+    bool counted = true;
+    Stream(fd, Json::parse(body), [&] {
+      if (counted) --in_flight_;
+      counted = false;
+    });
+    if (counted) --in_flight_;
   }
 
-  void Stream(int fd, const Json& request) {
+  void Stream(int fd, const Json& request, const std::function<void()>& finishing) {
     const bool chat = request.contains("messages");
     const std::string prompt = chat ? request["messages"][0]["content"].get<std::string>()
                                     : request["prompt"].get<std::string>();
@@ -574,6 +581,7 @@ class FakeOpenAiServer {
                .dump() +
            "\n\n");
     }
+    finishing();
     emit("data: [DONE]\n\n");
     if (chunked) Send(fd, "0\r\n\r\n");
   }
