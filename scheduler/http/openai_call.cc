@@ -130,7 +130,7 @@ void OpenAiCall::OnClientGone() {
   }
 }
 
-Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output, const std::string& text) {
+Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output) {
   if (request_.logprobs < 0 || output.logprobs.empty()) return nullptr;
   const size_t count = std::min(output.logprobs.size(), static_cast<size_t>(output.new_token_ids.size()));
   if (chat()) {
@@ -159,7 +159,6 @@ Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output, const
     offsets.push_back(choice.text_offset);
     choice.text_offset += static_cast<int32_t>(token.size());
   }
-  (void)text;
   return Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
@@ -203,7 +202,7 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
              : output.finish_reason == FinishReason::kAbort ? "abort"
                                                              : "stop";
   }
-  const Json logprobs = LogprobsJson(choice, output, text);
+  const Json logprobs = LogprobsJson(choice, output);
   if (request_.stream) {
     if (!text.empty() || !reason.empty() || !logprobs.is_null()) {
       choice.finish_reason = reason;

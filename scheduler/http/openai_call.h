@@ -77,7 +77,9 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
                  bool final);
   void Complete();
   nlohmann::json Usage() const;
-  nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output, const std::string& text);
+  // The logprobs of `output`'s tokens in the endpoint's format; null when
+  // the request did not ask. Advances the choice's text offset.
+  nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output);
   bool chat() const { return request_.endpoint == frontend::Endpoint::kChatCompletions; }
 
   const frontend::GenerationRequest request_;
