@@ -8,6 +8,7 @@
 //
 // The model file gives the tokenizer and the model's limits; the scheduler
 // loads no weights. SIGINT or SIGTERM shut it down cleanly.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -54,6 +55,7 @@ struct Flags {
   int64_t http_threads = 2;
   std::string api_key;
   std::string served_model_name;
+  double shutdown_grace = 30;
 };
 
 // The model file's name without its directory and ".gguf".
@@ -104,10 +106,13 @@ int Main(int argc, char** argv) {
   flags.AddInt("http-threads", &f.http_threads, "threads that serve every HTTP connection", 1, 256);
   flags.AddString("api-key", &f.api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
   flags.AddString("served-model-name", &f.served_model_name, "the model's name in the API (default: the file's name)");
+  flags.AddDouble("shutdown-grace", &f.shutdown_grace,
+                  "on SIGTERM, seconds to let requests in flight finish while refusing new ones (0: stop at once)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
   if (f.step_timeout <= 0) return Fail("flag --step-timeout must be positive");
+  if (f.shutdown_grace < 0) return Fail("flag --shutdown-grace must not be negative");
 
   auto file = gguf::GgufFile::Open(f.model);
   if (!file.ok()) return Fail(absl::StrCat("cannot open --model ", f.model, ": ", file.status().message()));
@@ -201,6 +206,27 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   int signal = 0;
   sigwait(&signals, &signal);
+  if (http_server && f.shutdown_grace > 0) {
+    // Rolling restarts: the load balancer sees /ready fail, new requests get
+    // 503, and what is in flight finishes (a second signal cuts it short).
+    std::fprintf(stderr, "tandem-scheduler: draining (signal %d): new requests get 503; waiting up to %g s\n", signal,
+                 f.shutdown_grace);
+    http_server->StopAccepting();
+    frontend->StartDraining();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.shutdown_grace);
+    for (;;) {
+      const ServingSnapshot s = engine->Snapshot();
+      const int64_t in_flight = s.num_running + s.num_waiting + http_server->active_responses();
+      if (in_flight == 0) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr, "tandem-scheduler: %lld request(s) still in flight after --shutdown-grace\n",
+                     static_cast<long long>(in_flight));
+        break;
+      }
+      const timespec poll{0, 100 * 1000 * 1000};
+      if (sigtimedwait(&signals, nullptr, &poll) > 0) break;
+    }
+  }
   std::fprintf(stderr, "tandem-scheduler: shutting down (signal %d)\n", signal);
   // HTTP first (no new requests), then gRPC; the engine releases every
   // response writer before the HTTP server's connections are destroyed.

@@ -1,6 +1,7 @@
 #include "scheduler/http/http_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -66,8 +67,10 @@ class Writer : public ResponseWriter {
 // One connection. Every member runs on the connection's strand.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const HttpServerOptions* options, const Handler* handler)
-      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+  Session(tcp::socket socket, const HttpServerOptions* options, const Handler* handler,
+          std::atomic<int>* active_responses)
+      : stream_(std::move(socket)), options_(options), handler_(handler), active_responses_(active_responses) {}
+  ~Session() { EndResponse(); }
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
@@ -121,6 +124,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
+    EndResponse();
     if (closed_) return;
     closed_ = true;
     beast::error_code ignored;
@@ -178,6 +182,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void BeginResponse() {
     ++generation_;
     handling_ = true;
+    if (!counted_) {
+      counted_ = true;
+      ++*active_responses_;
+    }
     response_started_ = false;
     response_ended_ = false;
     on_gone_ = nullptr;
@@ -252,9 +260,17 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // This connection's response no longer counts as active.
+  void EndResponse() {
+    if (!counted_) return;
+    counted_ = false;
+    --*active_responses_;
+  }
+
   // The response is on the wire.
   void Finished() {
     handling_ = false;
+    EndResponse();
     on_gone_ = nullptr;
     if (drain_ && !gone_) {
       Drain();
@@ -290,6 +306,8 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   const HttpServerOptions* const options_;
   const Handler* const handler_;
+  std::atomic<int>* const active_responses_;
+  bool counted_ = false;  // this connection's response is in *active_responses_
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   uint64_t generation_ = 0;
@@ -360,6 +378,16 @@ class HttpServer::Impl {
     return absl::OkStatus();
   }
 
+  void StopAccepting() {
+    net::post(io_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      retry_.cancel();
+    });
+  }
+
+  int active_responses() const { return active_responses_.load(); }
+
   void Shutdown() {
     if (stopped_) return;
     stopped_ = true;
@@ -391,13 +419,15 @@ class HttpServer::Impl {
       }
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), &options_, &handler_)->Start();
+      std::make_shared<Session>(std::move(socket), &options_, &handler_, &active_responses_)->Start();
       Accept();
     });
   }
 
   const HttpServerOptions options_;
   const Handler handler_;
+  // Before io_: sessions still queued in io_ are destroyed with it and count down.
+  std::atomic<int> active_responses_{0};
   net::io_context io_;
   tcp::acceptor acceptor_;
   net::steady_timer retry_;
@@ -416,5 +446,7 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { Shutdown(); }
 int HttpServer::port() const { return impl_->port(); }
 void HttpServer::Shutdown() { impl_->Shutdown(); }
+void HttpServer::StopAccepting() { impl_->StopAccepting(); }
+int HttpServer::active_responses() const { return impl_->active_responses(); }
 
 }  // namespace tandem::http

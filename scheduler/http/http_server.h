@@ -82,6 +82,10 @@ class HttpServer {
   ~HttpServer();
 
   int port() const;
+  // Stops accepting connections; those open keep being served (draining).
+  void StopAccepting();
+  // Responses begun and not yet written out (or abandoned by their client).
+  int active_responses() const;
   // Stops accepting, closes every connection and joins the threads.
   void Shutdown();
 

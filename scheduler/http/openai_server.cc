@@ -84,8 +84,9 @@ void OpenAiFrontend::Handle(HttpRequest request, std::shared_ptr<ResponseWriter>
   if (path == "/ready") {
     if (!get) return method_not_allowed();
     const GroupView group = group_();
-    Json body = {{"ready", group.ready}, {"status", group.description}};
-    return RespondJson(*writer, group.ready ? 200 : 503, frontend::DumpJson(body));
+    const bool ready = group.ready && !draining_;
+    Json body = {{"ready", ready}, {"status", draining_ ? "shutting down" : group.description}};
+    return RespondJson(*writer, ready ? 200 : 503, frontend::DumpJson(body));
   }
   if (path == "/metrics") {
     if (!get) return method_not_allowed();
@@ -113,6 +114,13 @@ void OpenAiFrontend::Handle(HttpRequest request, std::shared_ptr<ResponseWriter>
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!post) return method_not_allowed();
+    if (draining_) {
+      ApiError e;
+      e.status = 503;
+      e.type = "server_error";
+      e.message = "the server is shutting down; send the request to another replica";
+      return RespondError(*writer, e);
+    }
     return HandleGeneration(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, request,
                             std::move(writer));
   }

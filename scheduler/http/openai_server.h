@@ -62,6 +62,10 @@ class OpenAiFrontend {
 
   void Handle(HttpRequest request, std::shared_ptr<ResponseWriter> writer);
 
+  // The process is shutting down: new generation requests get 503 and
+  // /ready says not ready, while those in flight finish.
+  void StartDraining() { draining_ = true; }
+
  private:
   void HandleGeneration(frontend::Endpoint endpoint, const HttpRequest& request,
                         std::shared_ptr<ResponseWriter> writer);
@@ -78,6 +82,7 @@ class OpenAiFrontend {
   const std::function<GroupView()> group_;
   const int64_t created_;  // the "created" of /v1/models
   std::atomic<uint64_t> next_call_{1};
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace tandem::http

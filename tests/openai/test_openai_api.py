@@ -4,6 +4,7 @@ import asyncio
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -269,5 +270,35 @@ def test_api_key(tmp_path):
         ok = openai.OpenAI(base_url=s.base + "/v1", api_key="sekret", max_retries=0)
         assert ok.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
         assert raw_request(s, "GET", "/health")[0] == 200  # liveness needs no key
+    finally:
+        s.stop()
+
+
+def test_sigterm_drains_requests_in_flight(tmp_path):
+    if not os.path.exists(MODEL):
+        pytest.skip("model missing")
+    s = Server(log_name="serve_drain.log", tmp_path=str(tmp_path))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": PROMPT, "max_tokens": 48, "ignore_eos": True, "stream": True,
+             "stream_options": {"include_usage": True}}), headers={"Content-Type": "application/json"})
+        stream = conn.getresponse()
+        assert stream.readline().startswith(b"data: {")
+        s.proc.send_signal(signal.SIGTERM)
+        # New requests are refused (503 on an open connection, or no connection at all)...
+        time.sleep(0.3)
+        try:
+            status = raw_request(s, "POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}))[0]
+        except OSError:
+            status = None
+        assert status in (503, None)
+        # ...while the one in flight runs to its end.
+        events = [e for e in stream.read().decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        usage = json.loads(events[-2][len("data: "):])["usage"]
+        assert usage["completion_tokens"] == 48
+        assert s.proc.wait(timeout=30) == 0, s.logs()
+        assert "draining" in s.logs()
     finally:
         s.stop()

@@ -43,7 +43,11 @@ absl::StatusOr<pid_t> Cluster::Spawn(const std::vector<std::string>& argv, const
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  // Each child in its own process group: a Ctrl-C at the terminal reaches
+  // only this process, which stops the children in order (the scheduler
+  // drains while its workers still run).
+  posix_spawnattr_setpgroup(&attributes, 0);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -77,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
                                    "--max-num-seqs", std::to_string(options.max_num_seqs),
                                    "--max-num-batched-tokens", std::to_string(options.max_num_batched_tokens),
                                    "--max-model-len", std::to_string(options.max_model_len),
-                                   "--step-timeout", std::to_string(options.step_timeout_seconds)};
+                                   "--step-timeout", std::to_string(options.step_timeout_seconds),
+                                   "--shutdown-grace", std::to_string(options.shutdown_grace_seconds)};
   const std::string http_port_file = c->dir_ + "/http_port";
   argv.insert(argv.end(), {"--http-host", options.host, "--http-port", std::to_string(options.http_port)});
   if (options.http_port >= 0) argv.insert(argv.end(), {"--http-port-file", http_port_file});
@@ -178,16 +183,22 @@ absl::Status Cluster::WaitReady(bool ready, double seconds) {
                                                   seconds, " s (", last, "); logs in ", dir_));
 }
 
-void Cluster::Stop() {
-  std::vector<pid_t*> all;
-  for (pid_t& pid : workers_) all.push_back(&pid);
-  all.push_back(&scheduler_);
-  for (pid_t* pid : all) {
+namespace {
+
+// SIGTERM to each, then up to `grace` for all to exit; SIGKILL for the rest.
+// When `hurry` says so, each gets a second SIGTERM (which ends a drain).
+void TerminateAll(const std::vector<pid_t*>& pids, double grace_seconds, const std::function<bool()>& hurry) {
+  for (pid_t* pid : pids) {
     if (*pid > 0) kill(*pid, SIGTERM);
   }
-  // A short grace period, then whatever is left is killed.
-  for (pid_t* pid : all) {
-    for (int i = 0; *pid > 0 && i < 100 && waitpid(*pid, nullptr, WNOHANG) == 0; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_seconds);
+  for (pid_t* pid : pids) {
+    while (*pid > 0 && std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(*pid, nullptr, WNOHANG) == *pid) {
+        *pid = -1;  // reaped: its id may be reused, never signal it again
+        break;
+      }
+      if (hurry && hurry()) kill(*pid, SIGTERM);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (*pid > 0) {
@@ -196,6 +207,16 @@ void Cluster::Stop() {
       *pid = -1;
     }
   }
+}
+
+}  // namespace
+
+void Cluster::Stop(const std::function<bool()>& hurry) {
+  // The scheduler first, so that it can drain while its workers still run.
+  TerminateAll({&scheduler_}, options_.shutdown_grace_seconds + 2, hurry);
+  std::vector<pid_t*> workers;
+  for (pid_t& pid : workers_) workers.push_back(&pid);
+  TerminateAll(workers, 2, nullptr);
 }
 
 Cluster::~Cluster() {

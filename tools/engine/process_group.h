@@ -38,6 +38,9 @@ struct ClusterOptions {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
   double step_timeout_seconds = 30;         // tandem-scheduler's default
+  // On Stop, the scheduler's time to let requests in flight finish
+  // (--shutdown-grace) before the workers are stopped.
+  double shutdown_grace_seconds = 0;
   bool trace_steps = false;            // to trace_path()
   std::string trace_steps_path;        // or here
   int32_t worker_threads = 1;             // 0: the machine's threads divided among the workers
@@ -69,8 +72,10 @@ class Cluster {
   // ended ("worker 1 was killed by signal 9"). Returns early, with "", when
   // `stop` becomes true (checked every 100 ms).
   std::string WaitForExit(const std::function<bool()>& stop);
-  // Stops every process: SIGTERM, then SIGKILL after a grace period.
-  void Stop();
+  // Stops every process: the scheduler first (it drains for
+  // shutdown_grace_seconds; when `hurry` returns true it is told again, which
+  // ends the drain), then the workers; SIGKILL for any that linger.
+  void Stop(const std::function<bool()>& hurry = nullptr);
 
  private:
   Cluster() = default;

@@ -47,6 +47,9 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
   flags.AddDouble("step-timeout", &o.step_timeout_seconds, "seconds to wait for a step before failing it");
   flags.AddString("trace-steps", &o.trace_steps_path, "write every step and result to this file as JSON lines");
+  o.shutdown_grace_seconds = 30;
+  flags.AddDouble("shutdown-grace", &o.shutdown_grace_seconds,
+                  "on Ctrl-C or SIGTERM, seconds to let requests in flight finish (a second signal stops at once)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   o.port = static_cast<int32_t>(grpc_port);
   o.http_port = static_cast<int32_t>(http_port);
@@ -62,6 +65,7 @@ int RunServe(const std::vector<std::string>& args) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);  // the terminal went away: the children are in their own process groups
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::fprintf(stderr, "tandem serve: starting the scheduler and %d worker(s) for %s\n", o.pipeline_parallel_size,
@@ -88,11 +92,14 @@ int RunServe(const std::vector<std::string>& args) {
   });
   if (!exited.empty()) {
     std::fprintf(stderr, "tandem serve: %s; stopping the group\n", exited.c_str());
-    (*cluster)->Stop();
+    (*cluster)->Stop([] { return true; });  // the group is broken: nothing to drain
     return 1;
   }
-  std::fprintf(stderr, "tandem serve: shutting down (signal %d)\n", received);
-  (*cluster)->Stop();
+  std::fprintf(stderr, "tandem serve: shutting down (signal %d); again to stop at once\n", received);
+  (*cluster)->Stop([&] {
+    timespec zero{0, 0};
+    return sigtimedwait(&signals, nullptr, &zero) > 0;
+  });
   return 0;
 }
 
