@@ -228,6 +228,9 @@ absl::StatusOr<BenchmarkRun> RunBenchmark(const ClientOptions& options, const st
 // cannot be reached; Internal for a non-200 answer or an empty list.
 absl::StatusOr<std::string> FetchFirstModelId(const ServerAddress& server, const std::string& api_key);
 
+// `text` cut to `max` bytes, with "..." when cut (for error messages).
+std::string Truncated(std::string_view text, size_t max);
+
 }  // namespace tandem::bench
 
 #endif  // TANDEM_TOOLS_BENCH_SERVE_BENCH_H_
