@@ -75,6 +75,9 @@ struct HttpServerOptions {
   double idle_timeout_seconds = 120;  // a connection silent between requests is closed
 };
 
+// Every ResponseWriter must be released before the server is destroyed (a
+// writer keeps its connection, whose socket belongs to the server's
+// io_context); Shutdown may come first.
 class HttpServer {
  public:
   // Binds and starts serving; the handler runs on the server's threads.

@@ -146,6 +146,7 @@ TEST(HttpServerTest, AClientThatHangsUpIsNoticedWhileTheResponseIsPending) {
   std::lock_guard<std::mutex> lock(mu);
   kept->Write("after the client left");  // ignored, no crash
   kept->End();
+  kept.reset();  // writers go before their server
 }
 
 TEST(HttpServerTest, ManyConcurrentStreamsOnTwoThreads) {
