@@ -96,18 +96,24 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& op
   auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   c->scheduler_ = *scheduler;
-  for (int i = 0; i < 200 && c->port_ == 0; ++i) {
-    std::ifstream(port_file) >> c->port_;
-    if (c->port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (c->port_ == 0) return absl::UnavailableError("the scheduler did not report its port; see " + c->dir_);
-  // The HTTP API starts right after the gRPC server.
-  for (int i = 0; i < 200 && options.http_port >= 0 && c->http_port_ == 0; ++i) {
-    std::ifstream(http_port_file) >> c->http_port_;
-    if (c->http_port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (options.http_port >= 0 && c->http_port_ == 0) {
-    return absl::UnavailableError("the scheduler did not report its HTTP port; see " + c->dir_);
+  const std::string logs = options.inherit_output ? "its messages above" : c->dir_ + "/scheduler.log";
+  // The scheduler writes each port once it is listening; it exits if it cannot.
+  auto read_port = [&](const std::string& file, const char* what, int* port) -> absl::Status {
+    for (int i = 0; i < 400 && *port == 0; ++i) {
+      std::ifstream(file) >> *port;
+      if (*port != 0) break;
+      if (!c->SchedulerAlive()) {
+        c->scheduler_ = -1;
+        return absl::UnavailableError(absl::StrCat("the scheduler exited before listening on its ", what, " port; see ", logs));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    if (*port == 0) return absl::UnavailableError(absl::StrCat("the scheduler did not report its ", what, " port; see ", logs));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read_port(port_file, "gRPC", &c->port_); !s.ok()) return s;
+  if (options.http_port >= 0) {
+    if (absl::Status s = read_port(http_port_file, "HTTP", &c->http_port_); !s.ok()) return s;
   }
   c->workers_.assign(options.pipeline_parallel_size, -1);
   for (int32_t r = 0; r < options.pipeline_parallel_size; ++r) {
