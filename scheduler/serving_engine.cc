@@ -81,9 +81,8 @@ void ServingEngine::PublishSnapshot() {
     const KvCacheManager& kv = scheduler_->kv_cache();
     s.prefix_cache_queries = kv.prefix_cache_stats().queries;
     s.prefix_cache_hits = kv.prefix_cache_stats().hits;
-    // Block 0 is the null block: never free, never usable.
-    s.kv_blocks_total = kv.pool().num_blocks() - 1;
-    s.kv_blocks_used = s.kv_blocks_total - kv.pool().num_free_blocks();
+    s.kv_blocks_total = kv.pool().num_blocks() - 1;  // all but the null block
+    s.kv_cache_usage = kv.pool().Usage();
     s.max_model_len = scheduler_->config().max_model_len;
   }
   if (engine_) {

@@ -75,7 +75,7 @@ struct ServingSnapshot {
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // of those, found cached
   int32_t kv_blocks_total = 0;       // usable blocks; 0 until the group first formed
-  int32_t kv_blocks_used = 0;        // not free (cached blocks nobody uses are free)
+  double kv_cache_usage = 0;         // BlockPool::Usage(): the fraction of those not free
   int32_t max_model_len = 0;         // 0 until the group first formed
   double scheduler_seconds = 0;      // time in Schedule and UpdateFromOutput
 };

@@ -110,7 +110,7 @@ std::string ServingMetrics::Render(const ScrapeInput& in) const {
   gauge("tandem:num_requests_waiting", "Requests waiting to be scheduled (or for the workers).",
         static_cast<double>(e.num_waiting));
   gauge("tandem:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-        e.kv_blocks_total > 0 ? static_cast<double>(e.kv_blocks_used) / e.kv_blocks_total : 0.0);
+        e.kv_cache_usage);
   gauge("tandem:kv_cache_blocks", "KV-cache blocks in the pool.", e.kv_blocks_total);
   gauge("tandem:ready", "1 when every worker is up and the model is loaded.", e.executor_ready ? 1 : 0);
   counter("tandem:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",

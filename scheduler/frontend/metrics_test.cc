@@ -41,7 +41,7 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   in.engine.num_running = 2;
   in.engine.num_waiting = 1;
   in.engine.kv_blocks_total = 100;
-  in.engine.kv_blocks_used = 25;
+  in.engine.kv_cache_usage = 0.25;
   in.engine.prefix_cache_queries = 64;
   in.engine.prefix_cache_hits = 32;
   in.engine.stats.num_preemptions = 4;

@@ -20,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "scheduler/frontend/openai_protocol.h"
 
 namespace tandem::http {
 
@@ -199,8 +200,11 @@ class Session : public std::enable_shared_from_this<Session> {
     head_ = false;
     drain_ = true;
     BeginResponse();
-    std::string body = absl::StrCat(R"({"error":{"message":")", message, R"(","type":"invalid_request_error","param":null,"code":)", status, "}}");
-    DoRespond(generation_, status, "application/json", std::move(body), {});
+    // The API's error object, so that clients parse this error like any other.
+    frontend::ApiError error;
+    error.status = status;
+    error.message = message;
+    DoRespond(generation_, status, "application/json", error.ToJson(), {});
   }
 
   // Keeps a read pending while a response is being produced, to learn at

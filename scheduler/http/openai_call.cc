@@ -46,6 +46,7 @@ ApiError ToApiError(const absl::Status& status) {
 }
 
 std::string Event(const Json& json) { return absl::StrCat("data: ", frontend::DumpJson(json), "\n\n"); }
+std::string ErrorEvent(const ApiError& error) { return absl::StrCat("data: ", error.ToJson(), "\n\n"); }
 
 Json TokenBytesJson(const std::string& bytes) {
   Json list = Json::array();
@@ -167,20 +168,18 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
   if (choice.finished) return;  // e.g. the abort that follows a stop string
   const auto now = std::chrono::steady_clock::now();
   if (!output.new_token_ids.empty()) {
-    if (choice.num_tokens == 0) {
+    if (choice.last_token == std::chrono::steady_clock::time_point()) {
       metrics_->OnTimeToFirstToken(SecondsBetween(setup_.arrival, now));
     } else {
       metrics_->OnInterTokenLatency(SecondsBetween(choice.last_token, now));
     }
     choice.last_token = now;
-    choice.num_tokens += static_cast<int32_t>(output.new_token_ids.size());
   }
 
   if (output.finish_reason == FinishReason::kError) {
-    choice.error = output.error;
     const ApiError error = ToApiError(output.error);
     if (request_.stream && stream_started_) {
-      writer_->Write(Event(Json::parse(error.ToJson())));
+      writer_->Write(ErrorEvent(error));
     } else if (!error_) {
       error_ = error;
     }
@@ -208,12 +207,9 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
       choice.finish_reason = reason;
       SendChunk(choice, index, text, logprobs, !reason.empty());
     }
-  } else {
-    choice.full_text += text;
-    if (!logprobs.is_null()) {
-      for (auto& [key, values] : logprobs.items()) {
-        for (const Json& v : values) choice.logprobs[key].push_back(v);
-      }
+  } else if (!logprobs.is_null()) {  // a whole response: its text is choice.text->emitted()
+    for (auto& [key, values] : logprobs.items()) {
+      for (const Json& v : values) choice.logprobs[key].push_back(v);
     }
   }
   if (!reason.empty()) Finish(choice, reason);
@@ -224,7 +220,7 @@ void OpenAiCall::SendChunk(Choice& choice, size_t index, const std::string& text
   if (!stream_started_) {
     stream_started_ = true;
     writer_->StartStream(200, "text/event-stream");
-    if (error_) writer_->Write(Event(Json::parse(error_->ToJson())));
+    if (error_) writer_->Write(ErrorEvent(*error_));
   }
   Json c = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (chat()) {
@@ -256,7 +252,7 @@ void OpenAiCall::Finish(Choice& choice, std::string reason) {
   frontend::ServingMetrics::RequestRecord record;
   record.finish_reason = choice.finish_reason;
   record.prompt_tokens = static_cast<int64_t>(prompts_[choice.prompt].size());
-  record.generation_tokens = choice.num_tokens;
+  record.generation_tokens = choice.text->num_tokens();
   record.e2e_seconds = SecondsBetween(setup_.arrival, std::chrono::steady_clock::now());
   metrics_->OnRequestFinished(record);
   if (num_finished_ == choices_.size()) Complete();
@@ -265,7 +261,8 @@ void OpenAiCall::Finish(Choice& choice, std::string reason) {
 Json OpenAiCall::Usage() const {
   int64_t prompt = 0, completion = 0;
   for (const std::vector<TokenId>& p : prompts_) prompt += static_cast<int64_t>(p.size());
-  for (const Choice& c : choices_) completion += c.num_tokens;
+  // Tokens up to the one that completed a stop string, as the model would have stopped there.
+  for (const Choice& c : choices_) completion += c.text->num_tokens();
   return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
@@ -299,9 +296,9 @@ void OpenAiCall::Complete() {
                   {"finish_reason", c.finish_reason},
                   {"stop_reason", c.stop_reason ? Json(*c.stop_reason) : Json(nullptr)}};
     if (chat()) {
-      entry["message"] = {{"role", "assistant"}, {"content", c.full_text}};
+      entry["message"] = {{"role", "assistant"}, {"content", c.text->emitted()}};
     } else {
-      entry["text"] = c.full_text;
+      entry["text"] = c.text->emitted();
     }
     choices.push_back(std::move(entry));
   }

@@ -57,16 +57,13 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
     std::string engine_id;  // the engine's external id
     size_t prompt = 0;      // index into prompts_
     std::optional<frontend::TextStream> text;
-    std::string full_text;  // for a whole (non-streamed) response
     nlohmann::json logprobs;  // accumulated for a whole response
-    int32_t num_tokens = 0;
     int32_t text_offset = 0;  // completions logprobs' text_offset
     bool finished = false;
     bool role_sent = false;
     std::string finish_reason;
     std::optional<std::string> stop_reason;
-    absl::Status error;
-    std::chrono::steady_clock::time_point last_token;
+    std::chrono::steady_clock::time_point last_token;  // epoch until the first token
   };
 
   // On the strand.
