@@ -1,5 +1,3 @@
-// File: common/check.h
-//
 // TANDEM_CHECK / TANDEM_DCHECK: crash with a message on a broken invariant.
 // Use them for programmer errors only; anything a peer, a file, a user or the
 // GPU can cause returns an absl::Status instead (STYLE.md rule 2).

@@ -1,5 +1,3 @@
-// File: common/default_model.h
-//
 // Where the default model lives: models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // fetched by tools/setup.sh.
 #ifndef TANDEM_COMMON_DEFAULT_MODEL_H_

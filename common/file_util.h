@@ -1,5 +1,3 @@
-// File: common/file_util.h
-//
 // Small file helpers shared by the tools.
 #ifndef TANDEM_COMMON_FILE_UTIL_H_
 #define TANDEM_COMMON_FILE_UTIL_H_

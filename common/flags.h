@@ -1,5 +1,3 @@
-// File: common/flags.h
-//
 // A small typed command-line parser for tandem's executables. Flags live only
 // in main.cc files (STYLE.md rule 6); libraries receive typed config structs.
 // Every parse error names the flag and what was expected, so a bad flag exits

@@ -1,5 +1,3 @@
-// File: common/sampling_rule.h
-//
 // The one rule that decides whether a scheduled row produces a sampled token
 // (ARCHITECTURE §4.2). The scheduler uses it to reserve a placeholder, the
 // worker uses it to decide which rows sample. Two rules that disagree are the

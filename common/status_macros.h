@@ -1,5 +1,3 @@
-// File: common/status_macros.h
-//
 // TANDEM_RETURN_IF_ERROR and TANDEM_ASSIGN_OR_RETURN. abseil 20220623 (Debian
 // 12) predates ABSL_RETURN_IF_ERROR; these keep the same shape so they can be
 // replaced by the abseil macros later.

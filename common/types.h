@@ -1,5 +1,3 @@
-// File: common/types.h
-//
 // Scalar vocabulary shared by every tandem component. Request ids on the wire
 // are integers assigned by the scheduler (the client's id string stays in the
 // frontend); block ids index the KV cache that the scheduler allocates and the

@@ -7,7 +7,7 @@
 #include "common/file_util.h"
 #include "common/gguf/random_llama.h"
 #include "gtest/gtest.h"
-#include "tools/engine/local_engine.h"
+#include "tools/in_process/in_process_engine.h"
 
 namespace tandem::tools {
 namespace {
@@ -32,8 +32,8 @@ std::string TinyModelPath() {
   return path;
 }
 
-LocalEngineOptions TestOptions() {
-  LocalEngineOptions options;
+InProcessEngineOptions TestOptions() {
+  InProcessEngineOptions options;
   options.model_path = TinyModelPath();
   options.threads = 2;
   options.kv_cache_bytes = int64_t{16} << 20;
@@ -41,8 +41,8 @@ LocalEngineOptions TestOptions() {
   return options;
 }
 
-std::unique_ptr<LocalEngine> MakeEngine(const LocalEngineOptions& options = TestOptions()) {
-  auto engine = LocalEngine::Create(options);
+std::unique_ptr<InProcessEngine> MakeEngine(const InProcessEngineOptions& options = TestOptions()) {
+  auto engine = InProcessEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return std::move(engine).value();
 }
@@ -73,7 +73,7 @@ std::vector<scheduler::RequestSpec> One(scheduler::RequestSpec spec) {
   return v;
 }
 
-std::map<RequestId, std::vector<TokenId>> RunAll(LocalEngine& engine, std::vector<scheduler::RequestSpec> requests) {
+std::map<RequestId, std::vector<TokenId>> RunAll(InProcessEngine& engine, std::vector<scheduler::RequestSpec> requests) {
   auto results = engine.Run(std::move(requests));
   EXPECT_TRUE(results.ok()) << results.status();
   std::map<RequestId, std::vector<TokenId>> tokens;
@@ -94,7 +94,7 @@ TEST(InProcessEngineTest, OneRequestAloneAndInABatchOf16AgreeGreedily) {
 }
 
 TEST(InProcessEngineTest, ChunkedPrefillEqualsWholePrefill) {
-  LocalEngineOptions chunked = TestOptions();
+  InProcessEngineOptions chunked = TestOptions();
   chunked.max_num_batched_tokens = 8;
   auto small = MakeEngine(chunked);
   auto whole = MakeEngine();
@@ -127,14 +127,14 @@ TEST(InProcessEngineTest, AsyncAndSyncEnginesGiveTheSameTokens) {
     }
     return r;
   };
-  LocalEngineOptions sync_options = TestOptions();
+  InProcessEngineOptions sync_options = TestOptions();
   sync_options.async_scheduling = false;
   auto sync = MakeEngine(sync_options);
   auto async = MakeEngine();
   const auto expected = RunAll(*sync, make());
   EXPECT_EQ(RunAll(*async, make()), expected);
   // And with a KV pool small enough to force preemption.
-  LocalEngineOptions tight = TestOptions();
+  InProcessEngineOptions tight = TestOptions();
   tight.kv_cache_bytes = MakeEngine()->kv_bytes_per_block() * 12;
   tight.max_model_len = 160;
   auto preempting = MakeEngine(tight);
@@ -156,13 +156,13 @@ TEST(InProcessEngineTest, PipelineStagesGiveTheSameTokens) {
     }
     return r;
   };
-  LocalEngineOptions reference_options = TestOptions();
+  InProcessEngineOptions reference_options = TestOptions();
   reference_options.async_scheduling = false;
   const auto expected = RunAll(*MakeEngine(reference_options), make());
   for (int32_t stages : {2, 3}) {
     for (bool async : {true, false}) {
       for (bool tight : {false, true}) {
-        LocalEngineOptions options = TestOptions();
+        InProcessEngineOptions options = TestOptions();
         options.pipeline_parallel_size = stages;
         options.async_scheduling = async;
         if (tight) {
@@ -196,8 +196,8 @@ struct WithLogprobs {
   std::vector<scheduler::TokenLogprob> logprobs;
 };
 
-// LocalEngine::Run keeps only the tokens: drive the engine loop directly.
-std::map<RequestId, WithLogprobs> RunWithLogprobs(LocalEngine& engine, std::vector<scheduler::RequestSpec> requests) {
+// InProcessEngine::Run keeps only the tokens: drive the engine loop directly.
+std::map<RequestId, WithLogprobs> RunWithLogprobs(InProcessEngine& engine, std::vector<scheduler::RequestSpec> requests) {
   std::map<RequestId, WithLogprobs> results;
   for (scheduler::RequestSpec& spec : requests) {
     results[spec.id];
@@ -227,7 +227,7 @@ TEST(InProcessEngineTest, LogprobsDescribeTheGreedyTokens) {
     r.back().sampling.logprobs = 0;
     return r;
   };
-  LocalEngineOptions sync_options = TestOptions();
+  InProcessEngineOptions sync_options = TestOptions();
   sync_options.async_scheduling = false;
   const auto sync = RunWithLogprobs(*MakeEngine(sync_options), make());
   const WithLogprobs& asked = sync.at(1);
@@ -249,9 +249,9 @@ TEST(InProcessEngineTest, LogprobsDescribeTheGreedyTokens) {
   for (const scheduler::TokenLogprob& lp : sync.at(3).logprobs) EXPECT_TRUE(lp.top.empty());
 
   // Async scheduling and pipeline stages report the same logprobs.
-  LocalEngineOptions staged = TestOptions();
+  InProcessEngineOptions staged = TestOptions();
   staged.pipeline_parallel_size = 2;
-  for (const LocalEngineOptions& options : {TestOptions(), staged}) {
+  for (const InProcessEngineOptions& options : {TestOptions(), staged}) {
     const auto other = RunWithLogprobs(*MakeEngine(options), make());
     for (const auto& [id, want] : sync) {
       SCOPED_TRACE(::testing::Message() << "request " << id << ", " << options.pipeline_parallel_size << " stages");
@@ -271,14 +271,14 @@ TEST(InProcessEngineTest, LogprobsDescribeTheGreedyTokens) {
 }
 
 TEST(InProcessEngineTest, KvBlocksFitTheBudget) {
-  LocalEngineOptions options = TestOptions();
+  InProcessEngineOptions options = TestOptions();
   options.kv_cache_bytes = int64_t{8} << 20;
   auto engine = MakeEngine(options);
   EXPECT_EQ(engine->num_kv_blocks(), (int64_t{8} << 20) / engine->kv_bytes_per_block());
   EXPECT_EQ(engine->engine_config().num_gpu_blocks, engine->num_kv_blocks());
-  LocalEngineOptions tiny = TestOptions();
+  InProcessEngineOptions tiny = TestOptions();
   tiny.kv_cache_bytes = 1000;
-  auto refused = LocalEngine::Create(tiny);
+  auto refused = InProcessEngine::Create(tiny);
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("at least 2 are needed"), std::string::npos);
 }

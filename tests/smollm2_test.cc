@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
-#include "tools/engine/local_engine.h"
-#include "tools/engine/perplexity.h"
+#include "tools/in_process/in_process_engine.h"
+#include "tools/in_process/perplexity.h"
 
 namespace tandem::tools {
 namespace {
@@ -34,10 +34,10 @@ TEST(SmolLM2Test, PerplexityOfAnEnglishParagraph) {
 
 TEST(SmolLM2Test, TheCapitalOfFranceIsParis) {
   if (!HaveModel()) GTEST_SKIP() << "run tools/setup.sh to fetch " << ModelPath();
-  LocalEngineOptions options;
+  InProcessEngineOptions options;
   options.model_path = ModelPath();
   options.kv_cache_bytes = int64_t{64} << 20;
-  auto engine = LocalEngine::Create(options);
+  auto engine = InProcessEngine::Create(options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   scheduler::SamplingParams greedy;
   greedy.temperature = 0.0f;

@@ -1,5 +1,3 @@
-// File: common/gguf/ggml_types.h
-//
 // The tensor element types a GGUF file may hold (ggml's numbering), their
 // block layout, and conversion of rows to and from float32.
 //

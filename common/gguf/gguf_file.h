@@ -1,5 +1,3 @@
-// File: common/gguf/gguf_file.h
-//
 // GgufFile: a read-only view of a GGUF file (versions 2 and 3): metadata
 // key/values, the tensor directory, and tensor data memory-mapped in place.
 //

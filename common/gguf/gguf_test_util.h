@@ -1,5 +1,3 @@
-// File: common/gguf/gguf_test_util.h
-//
 // Test helpers for the GGUF library: a byte builder for hand-made (and
 // deliberately malformed) images, and a tiny random-weight Llama model
 // written with GgufWriter.

@@ -1,5 +1,3 @@
-// File: common/gguf/gguf_writer.h
-//
 // GgufWriter: writes a GGUF version 3 file (metadata, tensor directory,
 // 32-byte aligned data). Used by `tandem make-model` to write small
 // random-weight models for tests, and by tests that need malformed files.

@@ -1,5 +1,3 @@
-// File: common/gguf/llama_config.h
-//
 // LlamaConfig: the hyperparameters of a Llama-family decoder, read from a
 // GGUF file's metadata ("llama.*" keys). The scheduler uses it for the model's
 // limits without loading weights; the worker uses it to build the model.

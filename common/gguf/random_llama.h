@@ -1,5 +1,3 @@
-// File: common/gguf/random_llama.h
-//
 // MakeRandomLlama: a small random-weight Llama model as a GGUF v3 image, laid
 // out as llama.cpp lays out SmolLM2 (tensor names, ggml-order shapes,
 // llama.* metadata), with a byte-vocabulary GPT-2 tokenizer (one token per

@@ -1,5 +1,3 @@
-// File: common/rpc/grpc_options.h
-//
 // gRPC settings shared by every tandem channel and server, set explicitly
 // rather than left to library defaults (style-anchors §5): message size
 // limits, and keepalive pings on both sides so a worker that hangs or a

@@ -1,5 +1,3 @@
-// File: common/tokenizer/bpe.h
-//
 // BpeModel: byte-level BPE merging within one word. A word starts as one
 // token per byte (the byte-alphabet tokens) and adjacent pairs are merged,
 // lowest merge rank first and leftmost first among equal ranks, until no

@@ -1,5 +1,3 @@
-// File: common/tokenizer/byte_alphabet.h
-//
 // The GPT-2 byte alphabet: every byte value has a printable stand-in
 // character, so that byte-level BPE vocabularies and merges can be written
 // as text. Printable Latin-1 bytes ('!'..'~', U+00A1..U+00AC, U+00AE..U+00FF)

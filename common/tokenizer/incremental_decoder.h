@@ -1,5 +1,3 @@
-// File: common/tokenizer/incremental_decoder.h
-//
 // IncrementalDecoder: turns a request's tokens into text as they arrive,
 // never emitting broken UTF-8. A token may end in the middle of a character
 // (SmolLM2 has tokens that are half an emoji); such trailing bytes are held

@@ -1,5 +1,3 @@
-// File: common/tokenizer/pre_tokenizer.h
-//
 // PreTokenizer: splits text into the words that BPE merges within, as
 // Hugging Face's ByteLevel pre-tokenizer (use_regex) does with the GPT-2
 // pattern

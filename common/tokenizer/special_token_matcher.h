@@ -1,5 +1,3 @@
-// File: common/tokenizer/special_token_matcher.h
-//
 // SpecialTokenMatcher: finds special-token strings (e.g. "<|im_start|>") in
 // text, leftmost first and longest among those starting at the same byte,
 // as Hugging Face's added-token pass does before pre-tokenization.

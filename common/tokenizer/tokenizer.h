@@ -1,5 +1,3 @@
-// File: common/tokenizer/tokenizer.h
-//
 // Tokenizer: byte-level BPE as GPT-2 and SmolLM2 use it, built from a GGUF
 // file's "tokenizer.ggml.*" metadata.
 //

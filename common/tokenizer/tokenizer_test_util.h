@@ -1,5 +1,3 @@
-// File: common/tokenizer/tokenizer_test_util.h
-//
 // Shared by the tokenizer tests: a byte-vocabulary tokenizer's data (the
 // kind `tandem make-model` writes), a UTF-8 corpus for round trips, and the
 // path of the real SmolLM2 model.

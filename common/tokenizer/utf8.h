@@ -1,5 +1,3 @@
-// File: common/tokenizer/utf8.h
-//
 // The little UTF-8 the tokenizer needs: decode one code point strictly
 // (no overlongs, no surrogates, nothing above U+10FFFF) and append one.
 //

@@ -15,14 +15,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/step.pb.h"
-#include "tools/engine/process_group.h"
-#include "tools/engine/grpc_generate_client.h"
-#include "tools/engine/local_engine.h"
+#include "tools/cluster/local_cluster.h"
+#include "tools/client/grpc_generate_client.h"
+#include "tools/in_process/in_process_engine.h"
 
 namespace tandem::testing {
 
-using tools::Cluster;
-using tools::ClusterOptions;
+using tools::LocalCluster;
+using tools::LocalClusterOptions;
 namespace {
 
 using ::testing::HasSubstr;
@@ -62,12 +62,12 @@ struct Outcome {
 };
 
 std::map<int, Outcome> RunInProcess(const std::vector<Spec>& specs) {
-  tools::LocalEngineOptions options;
+  tools::InProcessEngineOptions options;
   options.model_path = TinyModel();
   options.async_scheduling = false;
   options.threads = 1;
   options.kv_cache_bytes = int64_t{64} << 20;
-  auto engine = tools::LocalEngine::Create(options);
+  auto engine = tools::InProcessEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   std::vector<scheduler::RequestSpec> requests;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -107,7 +107,7 @@ const std::vector<Spec>& Workload() {
   return specs;
 }
 
-std::map<int, Outcome> RunOnCluster(const Cluster& cluster, const std::vector<Spec>& specs) {
+std::map<int, Outcome> RunOnCluster(const LocalCluster& cluster, const std::vector<Spec>& specs) {
   std::map<int, Outcome> out;
   std::mutex mu;
   std::vector<std::thread> clients;
@@ -145,12 +145,12 @@ class DistributedTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
   const std::map<int, Outcome> expected = RunInProcess(Workload());
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.pipeline_parallel_size = GetParam().stages;
   options.async_scheduling = GetParam().async_scheduling;
   options.trace_steps = true;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string where = "PP " + std::to_string(GetParam().stages) + (GetParam().async_scheduling ? " async" : " sync");
   ExpectSame(RunOnCluster(**cluster, Workload()), expected, where);
@@ -176,7 +176,7 @@ TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
 
 TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
   const std::map<int, Outcome> expected = RunInProcess(Workload());
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.pipeline_parallel_size = GetParam().stages;
   options.async_scheduling = GetParam().async_scheduling;
@@ -184,7 +184,7 @@ TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
   const int32_t stage_layers = (3 + GetParam().stages - 1) / GetParam().stages;
   options.kv_cache_memory = std::to_string(21 * 4096 * stage_layers);
   options.max_model_len = 112;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ExpectSame(RunOnCluster(**cluster, Workload()), expected, "small pool");
   auto health = tools::QueryHealth((*cluster)->target());
@@ -230,13 +230,13 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
   Spec spec = Workload()[0];
   ASSERT_FALSE(spec.stop_ids.empty());
   for (Config config : {Config{1, true}, Config{1, false}, Config{2, true}}) {
-    tools::LocalEngineOptions local;
+    tools::InProcessEngineOptions local;
     local.model_path = TinyModel();
     local.async_scheduling = config.async_scheduling;
     local.pipeline_parallel_size = config.stages;
     local.threads = 1;
     local.kv_cache_bytes = int64_t{64} << 20;
-    auto engine = tools::LocalEngine::Create(local);
+    auto engine = tools::InProcessEngine::Create(local);
     ASSERT_TRUE(engine.ok());
     auto generation = (*engine)->Generate(spec.prompt, Greedy(spec));
     ASSERT_TRUE(generation.ok());
@@ -246,11 +246,11 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
       EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
     }
 
-    ClusterOptions options;
+    LocalClusterOptions options;
     options.model_path = TinyModel();
     options.pipeline_parallel_size = config.stages;
     options.async_scheduling = config.async_scheduling;
-    auto cluster = Cluster::Start(options);
+    auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(spec), nullptr, spec.prompt);
     ASSERT_TRUE(result.ok()) << result.status();
@@ -267,11 +267,11 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
 // scheduler stays up and reports not ready; the restarted worker restores
 // service.
 TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresService) {
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.pipeline_parallel_size = 2;
   options.max_model_len = 500;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 400, {}};
   std::vector<absl::Status> statuses(4);
@@ -315,10 +315,10 @@ TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresServi
 // scheduler must still notice, re-form the group when the worker is back, and
 // run the request that arrived in the meantime.
 TEST(DistributedFaultTest, AWorkerLostWhileIdleIsAcceptedBackAndWaitingRequestsRun) {
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.pipeline_parallel_size = 2;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   (*cluster)->KillWorker(1);
   ASSERT_TRUE((*cluster)->WaitReady(false, 5).ok());
@@ -346,10 +346,10 @@ TEST(DistributedFaultTest, AWorkerLostWhileIdleIsAcceptedBackAndWaitingRequestsR
 // Abort by the client's request id ends the stream with finish reason
 // "abort"; an unknown id is reported as not found.
 TEST(DistributedApiTest, AbortEndsTheStream) {
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.max_model_len = 500;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 450, {}};
   absl::StatusOr<tools::RemoteGeneration> result;
@@ -376,12 +376,12 @@ TEST(DistributedApiTest, AbortEndsTheStream) {
 // A worker that stops answering (SIGSTOP: its connection stays open) is
 // noticed by keepalive or the step timeout: its requests fail within seconds.
 TEST(DistributedFaultTest, AHungWorkerFailsItsRequestsWithinSeconds) {
-  ClusterOptions options;
+  LocalClusterOptions options;
   options.model_path = TinyModel();
   options.pipeline_parallel_size = 2;
   options.max_model_len = 500;
   options.step_timeout_seconds = 8;
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 400, {}};
   absl::Status status;

@@ -22,8 +22,8 @@
 #include "common/flags.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
-#include "tools/engine/grpc_generate_client.h"
-#include "tools/engine/process_group.h"
+#include "tools/client/grpc_generate_client.h"
+#include "tools/cluster/local_cluster.h"
 
 namespace tandem::tools {
 namespace {
@@ -36,9 +36,9 @@ struct Result {
   int64_t failures = 0;
 };
 
-absl::StatusOr<Result> RunOne(const ClusterOptions& options, int32_t vocab, int64_t requests, int64_t prompt_tokens,
+absl::StatusOr<Result> RunOne(const LocalClusterOptions& options, int32_t vocab, int64_t requests, int64_t prompt_tokens,
                               int64_t output_tokens) {
-  auto cluster = Cluster::Start(options);
+  auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) return cluster.status();
   const std::string target = (*cluster)->target();
   std::mt19937 rng(1);
@@ -100,7 +100,7 @@ absl::StatusOr<Result> RunOne(const ClusterOptions& options, int32_t vocab, int6
 }
 
 int Main(int argc, char** argv) {
-  ClusterOptions base;
+  LocalClusterOptions base;
   base.model_path = DefaultModelPath();
   base.kv_cache_memory = "1GiB";
   std::string stages_list = "1,2";
@@ -138,7 +138,7 @@ int Main(int argc, char** argv) {
     }
     double async_rate = 0;
     for (bool async : {true, false}) {
-      ClusterOptions o = base;
+      LocalClusterOptions o = base;
       o.pipeline_parallel_size = stages;
       o.async_scheduling = async;
       o.worker_threads = static_cast<int32_t>(threads);

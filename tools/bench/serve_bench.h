@@ -1,5 +1,3 @@
-// File: tools/bench/serve_bench.h
-//
 // The library behind `tandem bench`: a serving benchmark client for any
 // OpenAI-compatible HTTP endpoint, measuring what `vllm bench serve` measures
 // with vLLM's definitions (benchmarks/serve.py), so figures compare:

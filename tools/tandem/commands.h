@@ -1,5 +1,3 @@
-// File: tools/tandem/commands.h
-//
 // Subcommands of the `tandem` CLI. Each takes the arguments after its name
 // and returns the process exit code (0 ok, 1 runtime failure, 2 bad usage).
 #ifndef TANDEM_TOOLS_TANDEM_COMMANDS_H_

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "tools/engine/grpc_generate_client.h"
-#include "tools/engine/local_engine.h"
+#include "tools/client/grpc_generate_client.h"
+#include "tools/in_process/in_process_engine.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::tools {
@@ -107,13 +107,13 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (seed >= 0) sampling.seed = static_cast<uint64_t>(seed);
   if (!connect.empty()) return GenerateRemote(connect, prompt, sampling, json);
 
-  LocalEngineOptions options;
+  InProcessEngineOptions options;
   options.model_path = model;
   options.threads = static_cast<int32_t>(threads);
   options.kv_cache_bytes = kv_cache_memory;
   options.async_scheduling = async_scheduling;
   const auto load_start = std::chrono::steady_clock::now();
-  auto engine = LocalEngine::Create(options);
+  auto engine = InProcessEngine::Create(options);
   if (!engine.ok()) {
     std::fprintf(stderr, "tandem generate: %s\n", std::string(engine.status().message()).c_str());
     return 1;

@@ -1,5 +1,5 @@
 // `tandem perplexity`: the perplexity of a text file under a model
-// (tools/engine/perplexity.h says how it is computed).
+// (tools/in_process/perplexity.h says how it is computed).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "tools/engine/local_engine.h"
-#include "tools/engine/perplexity.h"
+#include "tools/in_process/in_process_engine.h"
+#include "tools/in_process/perplexity.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::tools {

@@ -12,13 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/default_model.h"
 #include "common/flags.h"
-#include "tools/engine/process_group.h"
+#include "tools/cluster/local_cluster.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::tools {
 
 int RunServe(const std::vector<std::string>& args) {
-  ClusterOptions o;
+  LocalClusterOptions o;
   o.model_path = DefaultModelPath();
   o.port = 50051;
   o.http_port = 8000;
@@ -70,7 +70,7 @@ int RunServe(const std::vector<std::string>& args) {
 
   std::fprintf(stderr, "tandem serve: starting the scheduler and %d worker(s) for %s\n", o.pipeline_parallel_size,
                o.model_path.c_str());
-  auto cluster = Cluster::Start(o);
+  auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(cluster.status().message()).c_str());
     return 1;

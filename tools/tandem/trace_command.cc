@@ -10,10 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
-#include "scheduler/engine_core.h"
-#include "scheduler/fake_executor.h"
-#include "scheduler/invariant_checker.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/core/engine_core.h"
+#include "scheduler/testing/fake_executor.h"
+#include "scheduler/testing/invariant_checker.h"
+#include "scheduler/core/scheduler.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::tools {

@@ -1,5 +1,3 @@
-// File: worker/comm/communicator.h
-//
 // Communicator: moves bulk data between the workers of one pipeline group,
 // worker to worker, never through the scheduler: hidden states from stage r
 // to stage r+1, and each step's sampled token ids from the last stage back to

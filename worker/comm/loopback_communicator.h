@@ -1,5 +1,3 @@
-// File: worker/comm/loopback_communicator.h
-//
 // LoopbackCommunicator: the Communicator of a pipeline whose stages are
 // threads of one process (the in-process engine with pipeline parallelism,
 // and tests). A shared LoopbackHub holds one message queue per ordered pair

@@ -1,5 +1,3 @@
-// File: worker/comm/nccl_communicator.cc
-//
 // The communicator runs in NCCL's non-blocking mode (config.blocking = 0):
 // every call returns at once, possibly with ncclInProgress, and we poll
 // ncclCommGetAsyncError with our own deadline. That is what lets Create and

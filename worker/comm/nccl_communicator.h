@@ -1,5 +1,3 @@
-// File: worker/comm/nccl_communicator.h
-//
 // NcclCommunicator: the Communicator of GPU workers, over ncclSend/ncclRecv
 // on the worker's CUDA stream. Built only when the build found NCCL
 // (TANDEM_HAVE_NCCL); this header includes no CUDA or NCCL header, so CPU code

@@ -1,5 +1,3 @@
-// File: worker/comm/tcp_communicator.cc
-//
 // Every socket is non-blocking; each blocking step is a poll() with a
 // deadline, so one helper pair (ReadSome / WriteAll) serves the handshake, the
 // receiver and the sender threads, and shutdown() wakes whoever is waiting.

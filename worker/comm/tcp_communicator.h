@@ -1,5 +1,3 @@
-// File: worker/comm/tcp_communicator.h
-//
 // TcpCommunicator: the Communicator of CPU workers and CI, over one TCP
 // connection per pair of ranks (full mesh; meant for world sizes up to ~16).
 //

@@ -1,5 +1,3 @@
-// File: worker/model/llama_model.h
-//
 // LlamaModel: a Llama-family decoder (GQA, RoPE, RMSNorm, SwiGLU, optionally
 // tied embeddings) over a Backend, for one pipeline stage: layers
 // [first_layer, end_layer). The first stage embeds token ids; the last
@@ -23,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
-#include "worker/backend.h"
+#include "worker/backends/backend.h"
 
 namespace tandem::worker {
 

@@ -1,5 +1,3 @@
-// File: worker/testing/reference_llama.h
-//
 // ReferenceLlama: the Llama forward pass written as plainly as possible, for
 // tests: one sequence, contiguous K/V, double-precision accumulation, no
 // batching, no paging, no threads, no Backend. The CPU backend's paged,

@@ -1,5 +1,3 @@
-// File: worker/backends/cpu/cpu_backend.h
-//
 // CpuBackend: the reference backend, multithreaded, runs everywhere. "Device"
 // memory is host memory; kernels run on the thread pool when they are
 // enqueued, so the stream order is program order and every event is complete
@@ -13,9 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "worker/backend.h"
+#include "worker/backends/backend.h"
 #include "worker/backends/cpu/thread_pool.h"
-#include "worker/sampler.h"
+#include "worker/backends/cpu/sampler.h"
 
 namespace tandem::worker {
 

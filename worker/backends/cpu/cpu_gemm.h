@@ -1,5 +1,3 @@
-// File: worker/backends/cpu/cpu_gemm.h
-//
 // Gemm: y[m x n] = x[m x k] * w[n x k]^T (+ y), float32, row-major, over a
 // thread pool. This is every matmul of the model: activations times weight
 // rows. Written here rather than taken from a BLAS because a BLAS's runtime

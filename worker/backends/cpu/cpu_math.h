@@ -1,5 +1,3 @@
-// File: worker/backends/cpu/cpu_math.h
-//
 // The inner loops of the CPU backend: dot products and scaled adds over
 // float32 vectors. Each has an AVX2+FMA version, chosen once at startup when
 // the CPU has it, and a portable one (the build itself targets plain x86-64).

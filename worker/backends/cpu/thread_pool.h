@@ -1,5 +1,3 @@
-// File: worker/backends/cpu/thread_pool.h
-//
 // ThreadPool: a fixed set of threads for data-parallel loops. ParallelFor
 // splits [0, count) into chunks that the pool threads and the calling thread
 // take in turn, and returns when all are done. Work is only ever submitted by

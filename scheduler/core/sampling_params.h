@@ -1,0 +1,37 @@
+// What a request asks of generation. The scheduler reads the stop conditions
+// (max_tokens, min_tokens, EOS, stop ids); the rest travels to the worker in
+// NewRequest and is applied by its sampler.
+#ifndef TANDEM_SCHEDULER_CORE_SAMPLING_PARAMS_H_
+#define TANDEM_SCHEDULER_CORE_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "common/types.h"
+
+namespace tandem::scheduler {
+
+struct SamplingParams {
+  // --- stop conditions (scheduler) ---
+  int32_t max_tokens = 16;
+  int32_t min_tokens = 0;
+  std::optional<TokenId> eos_token_id;  // the model's EOS; ignored with ignore_eos
+  bool ignore_eos = false;
+  std::vector<TokenId> stop_token_ids;
+
+  // --- sampling (worker) ---
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::optional<uint64_t> seed;
+  int32_t logprobs = -1;  // -1: none; n >= 0: sampled token plus top-n
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_CORE_SAMPLING_PARAMS_H_

@@ -1,0 +1,96 @@
+#include "scheduler/server/grpc/grpc_worker_service.h"
+
+#include <deque>
+#include <mutex>
+
+namespace tandem::scheduler {
+namespace {
+
+class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>, public WorkerLink {
+ public:
+  SessionReactor(WorkerGroup* group, grpc::CallbackServerContext* context)
+      : group_(group), peer_(context->peer()) {
+    StartRead(&in_);
+  }
+
+  // --- WorkerLink (any thread; the group calls these under its lock) ---
+  void Send(const v1::SchedulerMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    out_.push_back(message);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void Close(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, reason));
+  }
+
+  std::string peer() const override { return peer_; }
+
+  // --- reactions ---
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side, or the connection is gone
+      std::lock_guard<std::mutex> lock(mu_);
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    group_->OnMessage(this, in_);
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.pop_front();
+    if (!ok) {
+      writing_ = false;
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+      return;
+    }
+    if (!out_.empty() && !finished_) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    reason_ = "cancelled (connection lost or keepalive expired)";
+  }
+
+  void OnDone() override {
+    // Forget this link before it disappears: the group never calls it again.
+    group_->OnDisconnect(this, reason_);
+    delete this;
+  }
+
+ private:
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    if (reason_.empty()) reason_ = status.ok() ? "stream closed" : status.error_message();
+    Finish(status);
+  }
+
+  WorkerGroup* const group_;
+  const std::string peer_;
+  v1::WorkerMessage in_;
+  std::mutex mu_;
+  std::deque<v1::SchedulerMessage> out_;  // guarded by mu_; front is being written
+  bool writing_ = false;                  // guarded by mu_
+  bool finished_ = false;                 // guarded by mu_
+  std::string reason_;                    // guarded by mu_
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* GrpcWorkerService::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(group_, context);
+}
+
+}  // namespace tandem::scheduler

@@ -1,0 +1,461 @@
+#include "scheduler/server/http/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+
+const std::string& HttpRequest::header(const std::string& name) const {
+  static const std::string* const kEmpty = new std::string;
+  auto it = headers.find(name);
+  return it == headers.end() ? *kEmpty : it->second;
+}
+
+namespace {
+
+// The status line and headers of a response, as Beast serializes them.
+using ResponseHead = bhttp::response<bhttp::empty_body>;
+
+ResponseHead MakeHead(int status, const std::string& content_type) {
+  ResponseHead head(bhttp::int_to_status(static_cast<unsigned>(status)), 11);
+  head.set(bhttp::field::content_type, content_type);
+  return head;
+}
+
+// The status line and header fields, with the handler's `headers` last but
+// for Connection.
+std::string Serialize(ResponseHead& head, const HeaderList& headers, bool keep_alive) {
+  for (const auto& [name, value] : headers) head.insert(name, value);
+  head.keep_alive(keep_alive);
+  std::ostringstream out;
+  out << head.base();
+  return std::move(out).str();
+}
+
+class Session;
+
+class Writer : public ResponseWriter {
+ public:
+  Writer(std::shared_ptr<Session> session, uint64_t generation)
+      : session_(std::move(session)), generation_(generation) {}
+
+  void Respond(int status, std::string content_type, std::string body, HeaderList headers) override;
+  void StartStream(int status, std::string content_type, HeaderList headers) override;
+  void Write(std::string data) override;
+  void End() override;
+  void Post(std::function<void()> fn) override;
+  void OnClientGone(std::function<void()> fn) override;
+
+ private:
+  const std::shared_ptr<Session> session_;
+  const uint64_t generation_;  // which of the connection's requests this answers
+};
+
+// One connection. Every member runs on the connection's strand.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const HttpServerOptions* options, const Handler* handler,
+          std::atomic<int>* active_responses)
+      : stream_(std::move(socket)), options_(options), handler_(handler), active_responses_(active_responses) {}
+  ~Session() { EndResponse(); }
+
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
+  }
+
+  void Post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
+
+  void DoRespond(uint64_t generation, int status, const std::string& content_type, std::string body,
+                 const HeaderList& headers) {
+    if (!Current(generation) || response_started_) return;
+    response_started_ = true;
+    response_ended_ = true;
+    ResponseHead head = MakeHead(status, content_type);
+    head.content_length(body.size());
+    std::string bytes = Serialize(head, headers, keep_alive_);
+    if (!head_) bytes += body;  // HEAD: the headers of a GET, no body
+    Queue(std::move(bytes));
+  }
+
+  void DoStartStream(uint64_t generation, int status, const std::string& content_type, const HeaderList& headers) {
+    if (!Current(generation) || response_started_) return;
+    response_started_ = true;
+    ResponseHead head = MakeHead(status, content_type);
+    head.set(bhttp::field::cache_control, "no-cache");
+    head.chunked(true);
+    Queue(Serialize(head, headers, keep_alive_));
+  }
+
+  void DoWrite(uint64_t generation, const std::string& data) {
+    // An empty chunk would end the stream.
+    if (!Current(generation) || !response_started_ || response_ended_ || data.empty()) return;
+    Queue(absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
+  }
+
+  void DoEnd(uint64_t generation) {
+    if (!Current(generation) || !response_started_ || response_ended_) return;
+    response_ended_ = true;
+    Queue("0\r\n\r\n");
+  }
+
+  void DoOnClientGone(uint64_t generation, std::function<void()> fn) {
+    if (generation != generation_) return;
+    if (gone_) {
+      if (!response_ended_) fn();
+      return;
+    }
+    on_gone_ = std::move(fn);
+  }
+
+  void Close() {
+    EndResponse();
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  bool Current(uint64_t generation) const { return generation == generation_ && handling_ && !gone_; }
+
+  void ReadRequest() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(options_->max_body_bytes);
+    stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options_->idle_timeout_seconds * 1000)));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+  }
+
+  void OnRequest(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) {
+      RejectAndClose(413, absl::StrCat("the request body is larger than ", options_->max_body_bytes, " bytes"));
+      return;
+    }
+    if (ec == bhttp::error::end_of_stream || ec == net::error::operation_aborted || ec == beast::error::timeout ||
+        ec == net::error::eof || ec == net::error::connection_reset) {
+      Close();
+      return;
+    }
+    if (ec) {
+      RejectAndClose(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+      return;
+    }
+    stream_.expires_never();
+    bhttp::request<bhttp::string_body> raw = parser_->release();
+    HttpRequest request;
+    request.method = std::string(raw.method_string());
+    const std::string_view target(raw.target().data(), raw.target().size());
+    const size_t q = target.find('?');
+    request.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) request.query = std::string(target.substr(q + 1));
+    for (const auto& field : raw) {
+      request.headers[absl::AsciiStrToLower(std::string(field.name_string().data(), field.name_string().size()))] =
+          std::string(field.value());
+    }
+    request.body = std::move(raw.body());
+    keep_alive_ = raw.keep_alive();
+    head_ = raw.method() == bhttp::verb::head;
+    BeginResponse();
+    auto writer = std::make_shared<Writer>(shared_from_this(), generation_);
+    Watch();
+    (*handler_)(std::move(request), std::move(writer));
+  }
+
+  void BeginResponse() {
+    ++generation_;
+    handling_ = true;
+    if (!counted_) {
+      counted_ = true;
+      ++*active_responses_;
+    }
+    response_started_ = false;
+    response_ended_ = false;
+    on_gone_ = nullptr;
+  }
+
+  // Answers a request that could not be parsed, then closes. The client may
+  // still be sending its body: it is read and dropped meanwhile, so the
+  // client sees the answer rather than a reset connection.
+  void RejectAndClose(int status, const std::string& message) {
+    keep_alive_ = false;
+    head_ = false;
+    drain_ = true;
+    BeginResponse();
+    // In the application's format, so that clients parse this error like any other.
+    ErrorBody error = options_->error_body ? options_->error_body(status, message) : ErrorBody{"text/plain", message};
+    DoRespond(generation_, status, error.content_type, std::move(error.body), {});
+  }
+
+  // Keeps a read pending while a response is being produced, to learn at
+  // once that the client hung up. Bytes that arrive instead are the client's
+  // next request (pipelined, or sent as soon as it had our answer): they stay
+  // in buffer_ for the next ReadRequest, and the watch ends there, since a
+  // client that sends is still there (a later hang-up shows as a failed
+  // write).
+  void Watch() {
+    if (watching_ || gone_ || closed_) return;
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->watching_ = false;
+      if (ec) {
+        self->ClientGone();
+        return;
+      }
+      self->buffer_.commit(n);
+      if (!self->handling_) self->ReadRequest();
+    });
+  }
+
+  void ClientGone() {
+    if (gone_) return;
+    gone_ = true;
+    if (handling_ && !response_ended_ && on_gone_) {
+      auto fn = std::move(on_gone_);
+      on_gone_ = nullptr;
+      fn();
+    }
+    Close();
+  }
+
+  void Queue(std::string bytes) {
+    pending_.push_back(std::move(bytes));
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (pending_.empty()) {
+      writing_ = false;
+      if (response_ended_ && handling_) Finished();
+      return;
+    }
+    writing_ = true;
+    // Everything queued goes out in one write.
+    writing_bytes_.clear();
+    for (std::string& piece : pending_) writing_bytes_ += piece;
+    pending_.clear();
+    net::async_write(stream_, net::buffer(writing_bytes_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->writing_ = false;
+        self->ClientGone();
+        return;
+      }
+      self->WriteNext();
+    });
+  }
+
+  // This connection's response no longer counts as active.
+  void EndResponse() {
+    if (!counted_) return;
+    counted_ = false;
+    --*active_responses_;
+  }
+
+  // The response is on the wire.
+  void Finished() {
+    handling_ = false;
+    EndResponse();
+    on_gone_ = nullptr;
+    if (drain_ && !gone_) {
+      Drain();
+    } else if (!keep_alive_ || gone_) {
+      Close();
+    } else if (!watching_) {
+      ReadRequest();
+    } else {
+      // The pending watch read goes on to the next request; bound its wait.
+      stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options_->idle_timeout_seconds * 1000)));
+    }
+  }
+
+  // After a rejected request: stop sending, read and drop what the client
+  // still sends for a few seconds, then close.
+  void Drain() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(5));
+    DrainSome();
+  }
+  void DrainSome() {
+    buffer_.clear();
+    stream_.async_read_some(buffer_.prepare(64 << 10), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->Close();
+      } else {
+        self->DrainSome();
+      }
+    });
+  }
+
+  beast::tcp_stream stream_;
+  const HttpServerOptions* const options_;
+  const Handler* const handler_;
+  std::atomic<int>* const active_responses_;
+  bool counted_ = false;  // this connection's response is in *active_responses_
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  uint64_t generation_ = 0;
+  bool handling_ = false;
+  bool response_started_ = false;
+  bool response_ended_ = false;
+  bool keep_alive_ = true;
+  bool head_ = false;  // the request is a HEAD
+  bool watching_ = false;
+  bool writing_ = false;
+  bool gone_ = false;
+  bool closed_ = false;
+  bool drain_ = false;
+  std::function<void()> on_gone_;
+  std::deque<std::string> pending_;
+  std::string writing_bytes_;
+};
+
+void Writer::Respond(int status, std::string content_type, std::string body, HeaderList headers) {
+  session_->Post([s = session_, g = generation_, status, content_type = std::move(content_type), body = std::move(body),
+                  headers = std::move(headers)]() mutable {
+    s->DoRespond(g, status, content_type, std::move(body), headers);
+  });
+}
+
+void Writer::StartStream(int status, std::string content_type, HeaderList headers) {
+  session_->Post([s = session_, g = generation_, status, content_type = std::move(content_type),
+                  headers = std::move(headers)] { s->DoStartStream(g, status, content_type, headers); });
+}
+
+void Writer::Write(std::string data) {
+  session_->Post([s = session_, g = generation_, data = std::move(data)] { s->DoWrite(g, data); });
+}
+
+void Writer::End() {
+  session_->Post([s = session_, g = generation_] { s->DoEnd(g); });
+}
+
+void Writer::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
+
+void Writer::OnClientGone(std::function<void()> fn) {
+  session_->Post([s = session_, g = generation_, fn = std::move(fn)]() mutable { s->DoOnClientGone(g, std::move(fn)); });
+}
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(HttpServerOptions options, Handler handler)
+      : options_(std::move(options)), handler_(std::move(handler)), io_(options_.threads), acceptor_(io_), retry_(io_) {}
+
+  absl::Status Listen() {
+    beast::error_code ec;
+    const auto address = net::ip::make_address(options_.host, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("bad --host '", options_.host, "': ", ec.message()));
+    const tcp::endpoint endpoint(address, static_cast<unsigned short>(options_.port));
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options_.host, ":", options_.port, ": ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    for (int i = 0; i < std::max(1, options_.threads); ++i) threads_.emplace_back([this] { io_.run(); });
+    return absl::OkStatus();
+  }
+
+  void StopAccepting() {
+    net::post(io_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      retry_.cancel();
+    });
+  }
+
+  int active_responses() const { return active_responses_.load(); }
+
+  void Shutdown() {
+    if (stopped_) return;
+    stopped_ = true;
+    net::post(io_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      retry_.cancel();
+    });
+    io_.stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  int port() const { return port_; }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
+      if (ec == net::error::operation_aborted) return;
+      if (ec) {
+        // Out of file descriptors, most likely: wait before trying again
+        // rather than spin.
+        std::fprintf(stderr, "tandem http: accept failed: %s\n", ec.message().c_str());
+        retry_.expires_after(std::chrono::milliseconds(100));
+        retry_.async_wait([this](beast::error_code wait_ec) {
+          if (!wait_ec) Accept();
+        });
+        return;
+      }
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<Session>(std::move(socket), &options_, &handler_, &active_responses_)->Start();
+      Accept();
+    });
+  }
+
+  const HttpServerOptions options_;
+  const Handler handler_;
+  // Before io_: sessions still queued in io_ are destroyed with it and count down.
+  std::atomic<int> active_responses_{0};
+  net::io_context io_;
+  tcp::acceptor acceptor_;
+  net::steady_timer retry_;
+  std::vector<std::thread> threads_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options, Handler handler) {
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(handler));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { Shutdown(); }
+int HttpServer::port() const { return impl_->port(); }
+void HttpServer::Shutdown() { impl_->Shutdown(); }
+void HttpServer::StopAccepting() { impl_->StopAccepting(); }
+int HttpServer::active_responses() const { return impl_->active_responses(); }
+
+}  // namespace tandem::http

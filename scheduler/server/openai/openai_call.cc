@@ -1,0 +1,314 @@
+#include "scheduler/server/openai/openai_call.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::openai {
+namespace {
+
+using Json = nlohmann::json;
+using scheduler::FinishReason;
+using scheduler::RequestOutput;
+
+double SecondsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// An engine error as the client sees it.
+ApiError ToApiError(const absl::Status& status) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      e.status = 400;
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      e.status = 409;
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.status = 503;
+      e.type = "server_error";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.status = 504;
+      e.type = "server_error";
+      break;
+    default:
+      e.status = 500;
+      e.type = "server_error";
+  }
+  if (e.message.empty()) e.message = status.ToString();
+  return e;
+}
+
+std::string Event(const Json& json) { return absl::StrCat("data: ", DumpJson(json), "\n\n"); }
+std::string ErrorEvent(const ApiError& error) { return absl::StrCat("data: ", error.ToJson(), "\n\n"); }
+
+Json TokenBytesJson(const std::string& bytes) {
+  Json list = Json::array();
+  for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
+  return list;
+}
+
+// A sink per engine request; it holds the call alive until its last output.
+class ChoiceSink : public scheduler::RequestSink {
+ public:
+  ChoiceSink(std::shared_ptr<OpenAiCall> call, size_t index) : call_(std::move(call)), index_(index) {}
+  void OnOutput(const RequestOutput& output) override { call_->Deliver(index_, output); }
+
+ private:
+  const std::shared_ptr<OpenAiCall> call_;
+  const size_t index_;
+};
+
+}  // namespace
+
+std::shared_ptr<OpenAiCall> OpenAiCall::Create(GenerationRequest request, CallSetup setup,
+                                               std::vector<std::vector<TokenId>> prompts,
+                                               scheduler::ServingEngine* engine, const Tokenizer* tokenizer,
+                                               scheduler::ServingMetrics* metrics,
+                                               std::shared_ptr<http::ResponseWriter> writer) {
+  return std::make_shared<OpenAiCall>(std::move(request), std::move(setup), std::move(prompts), engine, tokenizer,
+                                      metrics, std::move(writer));
+}
+
+OpenAiCall::OpenAiCall(GenerationRequest request, CallSetup setup, std::vector<std::vector<TokenId>> prompts,
+                       scheduler::ServingEngine* engine, const Tokenizer* tokenizer, scheduler::ServingMetrics* metrics,
+                       std::shared_ptr<http::ResponseWriter> writer)
+    : request_(std::move(request)),
+      setup_(std::move(setup)),
+      prompts_(std::move(prompts)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      writer_(std::move(writer)) {}
+
+void OpenAiCall::Start() {
+  const int32_t n = request_.n;
+  choices_.resize(prompts_.size() * n);
+  for (size_t p = 0; p < prompts_.size(); ++p) {
+    for (int32_t j = 0; j < n; ++j) {
+      Choice& c = choices_[p * n + j];
+      c.prompt = p;
+      c.engine_id = absl::StrCat(setup_.id, "-", p * n + j);
+      c.text.emplace(tokenizer_, request_.stop, request_.include_stop_str_in_output, request_.skip_special_tokens,
+                     request_.sampling.min_tokens);
+      if (!chat()) c.logprobs = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+                                     {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+      else c.logprobs = Json{{"content", Json::array()}};
+    }
+  }
+  // Set before any output can finish the response.
+  writer_->OnClientGone([self = shared_from_this()] { self->OnClientGone(); });
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const std::vector<TokenId>& prompt = prompts_[choices_[i].prompt];
+    scheduler::RequestSpec spec;
+    spec.prompt_token_ids = prompt;
+    spec.sampling = request_.sampling;
+    const int32_t room = setup_.max_model_len > 0 ? setup_.max_model_len - static_cast<int32_t>(prompt.size()) : 1 << 20;
+    // OpenAI's defaults: 16 tokens for a completion, the rest of the context for a chat turn.
+    spec.sampling.max_tokens = request_.max_tokens.value_or(chat() ? room : std::min(16, room));
+    spec.sampling.min_tokens = std::min(spec.sampling.min_tokens, spec.sampling.max_tokens);
+    if (tokenizer_->eos_token_id() >= 0) spec.sampling.eos_token_id = tokenizer_->eos_token_id();
+    // Choices with one seed would all be the same; each gets its own.
+    if (spec.sampling.seed) *spec.sampling.seed += i % request_.n;
+    engine_->Submit(choices_[i].engine_id, std::move(spec), std::make_shared<ChoiceSink>(shared_from_this(), i));
+  }
+}
+
+void OpenAiCall::Deliver(size_t index, const RequestOutput& output) {
+  writer_->Post([self = shared_from_this(), index, output] { self->OnOutput(index, output); });
+}
+
+void OpenAiCall::OnClientGone() {
+  client_gone_ = true;
+  for (const Choice& c : choices_) {
+    if (!c.finished) engine_->Abort(c.engine_id);
+  }
+}
+
+Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output) {
+  if (request_.logprobs < 0 || output.logprobs.empty()) return nullptr;
+  const size_t count = std::min(output.logprobs.size(), static_cast<size_t>(output.new_token_ids.size()));
+  if (chat()) {
+    Json content = Json::array();
+    for (size_t i = 0; i < count; ++i) {
+      const scheduler::TokenLogprob& lp = output.logprobs[i];
+      const std::string token = tokenizer_->TokenBytes(output.new_token_ids[i]);
+      Json top = Json::array();
+      for (const auto& [id, value] : lp.top) {
+        const std::string t = tokenizer_->TokenBytes(id);
+        top.push_back({{"token", t}, {"logprob", value}, {"bytes", TokenBytesJson(t)}});
+      }
+      content.push_back({{"token", token}, {"logprob", lp.logprob}, {"bytes", TokenBytesJson(token)}, {"top_logprobs", top}});
+    }
+    return Json{{"content", std::move(content)}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array(), offsets = Json::array();
+  for (size_t i = 0; i < count; ++i) {
+    const scheduler::TokenLogprob& lp = output.logprobs[i];
+    const std::string token = tokenizer_->TokenBytes(output.new_token_ids[i]);
+    tokens.push_back(token);
+    token_logprobs.push_back(lp.logprob);
+    Json top = Json::object();
+    for (const auto& [id, value] : lp.top) top[tokenizer_->TokenBytes(id)] = value;
+    tops.push_back(std::move(top));
+    offsets.push_back(choice.text_offset);
+    choice.text_offset += static_cast<int32_t>(token.size());
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
+  Choice& choice = choices_[index];
+  if (choice.finished) return;  // e.g. the abort that follows a stop string
+  const auto now = std::chrono::steady_clock::now();
+  if (!output.new_token_ids.empty()) {
+    if (choice.last_token == std::chrono::steady_clock::time_point()) {
+      metrics_->OnTimeToFirstToken(SecondsBetween(setup_.arrival, now));
+    } else {
+      metrics_->OnInterTokenLatency(SecondsBetween(choice.last_token, now));
+    }
+    choice.last_token = now;
+  }
+
+  if (output.finish_reason == FinishReason::kError) {
+    const ApiError error = ToApiError(output.error);
+    if (request_.stream && stream_started_) {
+      writer_->Write(ErrorEvent(error));
+    } else if (!error_) {
+      error_ = error;
+    }
+    Finish(choice, "error");
+    return;
+  }
+
+  TextDelta delta = choice.text->Add(output.new_token_ids);
+  std::string text = std::move(delta.text);
+  std::string reason;
+  if (delta.stopped) {
+    // The stop string ends the request now: free its blocks at once.
+    engine_->Abort(choice.engine_id);
+    reason = "stop";
+    choice.stop_reason = delta.stop;
+  } else if (output.finished()) {
+    text += choice.text->Finish();
+    reason = output.finish_reason == FinishReason::kLength ? "length"
+             : output.finish_reason == FinishReason::kAbort ? "abort"
+                                                             : "stop";
+  }
+  const Json logprobs = LogprobsJson(choice, output);
+  if (request_.stream) {
+    if (!text.empty() || !reason.empty() || !logprobs.is_null()) {
+      choice.finish_reason = reason;
+      SendChunk(choice, index, text, logprobs, !reason.empty());
+    }
+  } else if (!logprobs.is_null()) {  // a whole response: its text is choice.text->emitted()
+    for (auto& [key, values] : logprobs.items()) {
+      for (const Json& v : values) choice.logprobs[key].push_back(v);
+    }
+  }
+  if (!reason.empty()) Finish(choice, reason);
+}
+
+void OpenAiCall::SendChunk(Choice& choice, size_t index, const std::string& text, const Json& logprobs,
+                           bool final) {
+  if (!stream_started_) {
+    stream_started_ = true;
+    writer_->StartStream(200, "text/event-stream");
+    if (error_) writer_->Write(ErrorEvent(*error_));
+  }
+  Json c = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+  if (chat()) {
+    Json delta = Json::object();
+    if (!choice.role_sent) {
+      delta["role"] = "assistant";
+      choice.role_sent = true;
+    }
+    if (!text.empty() || !final) delta["content"] = text;
+    c["delta"] = std::move(delta);
+  } else {
+    c["text"] = text;
+  }
+  if (final) {
+    c["finish_reason"] = choice.finish_reason;
+    c["stop_reason"] = choice.stop_reason ? Json(*choice.stop_reason) : Json(nullptr);
+  }
+  writer_->Write(Event({{"id", setup_.id},
+                        {"object", chat() ? "chat.completion.chunk" : "text_completion"},
+                        {"created", setup_.created},
+                        {"model", setup_.model},
+                        {"choices", Json::array({std::move(c)})}}));
+}
+
+void OpenAiCall::Finish(Choice& choice, std::string reason) {
+  choice.finished = true;
+  choice.finish_reason = std::move(reason);
+  ++num_finished_;
+  scheduler::ServingMetrics::RequestRecord record;
+  record.finish_reason = choice.finish_reason;
+  record.prompt_tokens = static_cast<int64_t>(prompts_[choice.prompt].size());
+  record.generation_tokens = choice.text->num_tokens();
+  record.e2e_seconds = SecondsBetween(setup_.arrival, std::chrono::steady_clock::now());
+  metrics_->OnRequestFinished(record);
+  if (num_finished_ == choices_.size()) Complete();
+}
+
+Json OpenAiCall::Usage() const {
+  int64_t prompt = 0, completion = 0;
+  for (const std::vector<TokenId>& p : prompts_) prompt += static_cast<int64_t>(p.size());
+  // Tokens up to the one that completed a stop string, as the model would have stopped there.
+  for (const Choice& c : choices_) completion += c.text->num_tokens();
+  return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+void OpenAiCall::Complete() {
+  if (client_gone_) return;
+  if (request_.stream && stream_started_) {
+    if (request_.include_usage) {
+      writer_->Write(Event({{"id", setup_.id},
+                            {"object", chat() ? "chat.completion.chunk" : "text_completion"},
+                            {"created", setup_.created},
+                            {"model", setup_.model},
+                            {"choices", Json::array()},
+                            {"usage", Usage()}}));
+    }
+    writer_->Write("data: [DONE]\n\n");
+    writer_->End();
+    metrics_->OnHttpResponse(200);
+    return;
+  }
+  if (error_) {
+    metrics_->OnHttpResponse(error_->status);
+    writer_->Respond(error_->status, "application/json", error_->ToJson());
+    return;
+  }
+  Json choices = Json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    Json logprobs = request_.logprobs >= 0 ? c.logprobs : Json(nullptr);
+    Json entry = {{"index", i},
+                  {"logprobs", std::move(logprobs)},
+                  {"finish_reason", c.finish_reason},
+                  {"stop_reason", c.stop_reason ? Json(*c.stop_reason) : Json(nullptr)}};
+    if (chat()) {
+      entry["message"] = {{"role", "assistant"}, {"content", c.text->emitted()}};
+    } else {
+      entry["text"] = c.text->emitted();
+    }
+    choices.push_back(std::move(entry));
+  }
+  Json body = {{"id", setup_.id},
+               {"object", chat() ? "chat.completion" : "text_completion"},
+               {"created", setup_.created},
+               {"model", setup_.model},
+               {"choices", std::move(choices)},
+               {"usage", Usage()}};
+  metrics_->OnHttpResponse(200);
+  writer_->Respond(200, "application/json", DumpJson(body));
+}
+
+}  // namespace tandem::openai

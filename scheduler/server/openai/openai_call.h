@@ -1,0 +1,97 @@
+// OpenAiCall: one /v1/completions or /v1/chat/completions request in flight.
+// It submits one engine request per (prompt, choice), turns each one's
+// tokens into text (TextStream: UTF-8-safe, stop strings held back), and
+// writes SSE chunks as they come or one JSON body at the end.
+//
+// Threading: the engine thread only posts outputs to the connection's strand
+// (ResponseWriter::Post); everything else runs on that strand, so the call's
+// state needs no lock.
+#ifndef TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_CALL_H_
+#define TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_CALL_H_
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+#include "scheduler/server/openai/json_util.h"
+#include "scheduler/server/metrics.h"
+#include "scheduler/server/openai/openai_protocol.h"
+#include "scheduler/server/openai/text_stream.h"
+#include "scheduler/server/http/http_server.h"
+#include "scheduler/server/serving_engine.h"
+
+namespace tandem::openai {
+
+struct CallSetup {
+  std::string id;     // "cmpl-..." or "chatcmpl-..."
+  std::string model;  // the served model's name
+  int64_t created = 0;
+  std::chrono::steady_clock::time_point arrival;
+  int32_t max_model_len = 0;
+};
+
+class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
+ public:
+  static std::shared_ptr<OpenAiCall> Create(GenerationRequest request, CallSetup setup,
+                                            std::vector<std::vector<TokenId>> prompts,
+                                            scheduler::ServingEngine* engine, const Tokenizer* tokenizer,
+                                            scheduler::ServingMetrics* metrics, std::shared_ptr<http::ResponseWriter> writer);
+
+  // Submits the engine requests.
+  void Start();
+
+  // From the engine thread: hands `output` of choice `index` to the strand.
+  void Deliver(size_t index, const scheduler::RequestOutput& output);
+
+  OpenAiCall(GenerationRequest request, CallSetup setup, std::vector<std::vector<TokenId>> prompts,
+             scheduler::ServingEngine* engine, const Tokenizer* tokenizer, scheduler::ServingMetrics* metrics,
+             std::shared_ptr<http::ResponseWriter> writer);
+
+ private:
+  struct Choice {
+    std::string engine_id;  // the engine's external id
+    size_t prompt = 0;      // index into prompts_
+    std::optional<TextStream> text;
+    nlohmann::json logprobs;  // accumulated for a whole response
+    int32_t text_offset = 0;  // completions logprobs' text_offset
+    bool finished = false;
+    bool role_sent = false;
+    std::string finish_reason;
+    std::optional<std::string> stop_reason;
+    std::chrono::steady_clock::time_point last_token;  // epoch until the first token
+  };
+
+  // On the strand.
+  void OnOutput(size_t index, const scheduler::RequestOutput& output);
+  void Finish(Choice& choice, std::string reason);
+  void OnClientGone();
+  void SendChunk(Choice& choice, size_t index, const std::string& text, const nlohmann::json& logprobs,
+                 bool final);
+  void Complete();
+  nlohmann::json Usage() const;
+  // The logprobs of `output`'s tokens in the endpoint's format; null when
+  // the request did not ask. Advances the choice's text offset.
+  nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output);
+  bool chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
+
+  const GenerationRequest request_;
+  const CallSetup setup_;
+  const std::vector<std::vector<TokenId>> prompts_;
+  scheduler::ServingEngine* const engine_;
+  const Tokenizer* const tokenizer_;
+  scheduler::ServingMetrics* const metrics_;
+  const std::shared_ptr<http::ResponseWriter> writer_;
+
+  std::vector<Choice> choices_;
+  size_t num_finished_ = 0;
+  bool stream_started_ = false;
+  bool client_gone_ = false;
+  std::optional<ApiError> error_;  // the first engine error, for a whole response
+};
+
+}  // namespace tandem::openai
+
+#endif  // TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_CALL_H_

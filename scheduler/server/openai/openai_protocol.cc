@@ -1,0 +1,287 @@
+#include "scheduler/server/openai/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/server/openai/json_util.h"
+
+namespace tandem::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+// Reads optional fields of one JSON object, remembering the first error.
+class Fields {
+ public:
+  explicit Fields(const Json& object) : object_(object) {}
+
+  const std::optional<ApiError>& error() const { return error_; }
+  void Fail(std::string message, std::string param) {
+    if (!error_) error_ = BadRequest(std::move(message), std::move(param));
+  }
+
+  // The field if present and not null.
+  const Json* Get(const char* name) const {
+    auto it = object_.find(name);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  void Bool(const char* name, bool* out) {
+    const Json* v = Get(name);
+    if (v == nullptr) return;
+    if (!v->is_boolean()) return Fail(absl::StrCat("'", name, "' must be a boolean"), name);
+    *out = v->get<bool>();
+  }
+
+  // A number in [lo, hi] (open at an end when `open_lo` / `open_hi`).
+  void Number(const char* name, float* out, double lo, double hi, bool open_lo = false) {
+    const Json* v = Get(name);
+    if (v == nullptr) return;
+    if (!v->is_number()) return Fail(absl::StrCat("'", name, "' must be a number"), name);
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (open_lo && x == lo)) {
+      return Fail(absl::StrCat("'", name, "' must be ", open_lo ? "greater than " : "at least ", lo, " and at most ", hi,
+                               "; got ", v->dump()),
+                  name);
+    }
+    *out = static_cast<float>(x);
+  }
+
+  template <typename Int>
+  bool Integer(const char* name, Int* out, int64_t lo, int64_t hi) {
+    const Json* v = Get(name);
+    if (v == nullptr) return false;
+    if (!v->is_number_integer()) {
+      Fail(absl::StrCat("'", name, "' must be an integer"), name);
+      return false;
+    }
+    // Out-of-range unsigned values read as negative here and are refused too.
+    const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                          ? INT64_MIN
+                          : v->get<int64_t>();
+    if (x < lo || x > hi) {
+      Fail(absl::StrCat("'", name, "' must be between ", lo, " and ", hi, "; got ", v->dump()), name);
+      return false;
+    }
+    *out = static_cast<Int>(x);
+    return true;
+  }
+
+  // Refuses a field we do not implement unless it has its harmless value.
+  void Unsupported(const char* name, const Json& harmless) {
+    const Json* v = Get(name);
+    if (v != nullptr && *v != harmless) Fail(absl::StrCat("'", name, "' is not supported by this server"), name);
+  }
+
+ private:
+  const Json& object_;
+  std::optional<ApiError> error_;
+};
+
+bool ParseTokenArray(const Json& array, std::vector<TokenId>* out) {
+  out->clear();
+  for (const Json& v : array) {
+    if (!v.is_number_integer()) return false;
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<TokenId>::max()) return false;
+    out->push_back(static_cast<TokenId>(id));
+  }
+  return true;
+}
+
+// prompt: a string, a list of strings, a list of token ids, or a list of lists of token ids.
+void ParsePrompts(const Json* v, Fields* f, std::vector<Prompt>* prompts) {
+  constexpr char kShape[] = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of them";
+  if (v == nullptr) return f->Fail("'prompt' is required", "prompt");
+  if (v->is_string()) {
+    prompts->push_back({v->get<std::string>(), {}, false});
+    return;
+  }
+  if (!v->is_array() || v->empty()) return f->Fail(kShape, "prompt");
+  if ((*v)[0].is_number_integer()) {
+    Prompt p;
+    p.is_tokens = true;
+    if (!ParseTokenArray(*v, &p.token_ids)) return f->Fail(kShape, "prompt");
+    prompts->push_back(std::move(p));
+    return;
+  }
+  if (v->size() > static_cast<size_t>(kMaxPrompts)) {
+    return f->Fail(absl::StrCat("at most ", kMaxPrompts, " prompts per request"), "prompt");
+  }
+  for (const Json& item : *v) {
+    Prompt p;
+    if (item.is_string()) {
+      p.text = item.get<std::string>();
+    } else if (item.is_array() && ParseTokenArray(item, &p.token_ids)) {
+      p.is_tokens = true;
+    } else {
+      return f->Fail(kShape, "prompt");
+    }
+    prompts->push_back(std::move(p));
+  }
+}
+
+void ParseMessages(const Json* v, Fields* f, std::vector<ChatMessage>* messages) {
+  if (v == nullptr) return f->Fail("'messages' is required", "messages");
+  if (!v->is_array() || v->empty()) return f->Fail("'messages' must be a non-empty list", "messages");
+  for (const Json& m : *v) {
+    if (!m.is_object()) return f->Fail("each message must be an object with 'role' and 'content'", "messages");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return f->Fail("each message needs a string 'role'", "messages");
+    ChatMessage message;
+    message.role = role->get<std::string>();
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      // An assistant turn may carry no text.
+    } else if (content->is_string()) {
+      message.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const Json& part : *content) {
+        auto type = part.is_object() ? part.find("type") : part.end();
+        auto text = part.is_object() ? part.find("text") : part.end();
+        if (type == part.end() || *type != "text" || text == part.end() || !text->is_string()) {
+          return f->Fail("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", "messages");
+        }
+        message.content += text->get<std::string>();
+      }
+    } else {
+      return f->Fail("a message's 'content' must be a string or a list of text parts", "messages");
+    }
+    messages->push_back(std::move(message));
+  }
+}
+
+void ParseStop(const Json* v, Fields* f, std::vector<std::string>* stop) {
+  if (v == nullptr) return;
+  if (v->is_string()) {
+    stop->push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > static_cast<size_t>(kMaxStopStrings)) {
+      return f->Fail(absl::StrCat("at most ", kMaxStopStrings, " stop strings"), "stop");
+    }
+    for (const Json& s : *v) {
+      if (!s.is_string()) return f->Fail("'stop' must be a string or a list of strings", "stop");
+      stop->push_back(s.get<std::string>());
+    }
+  } else {
+    return f->Fail("'stop' must be a string or a list of strings", "stop");
+  }
+  for (const std::string& s : *stop) {
+    if (s.empty()) return f->Fail("stop strings must not be empty", "stop");
+  }
+}
+
+}  // namespace
+
+ApiError BadRequest(std::string message, std::string param) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+std::string ApiError::ToJson() const {
+  Json error = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}};
+  if (!param.empty()) error["param"] = param;
+  return DumpJson(Json{{"error", std::move(error)}});
+}
+
+std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoint, std::string_view body) {
+  const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return BadRequest("the request body is not valid JSON");
+  if (!json.is_object()) return BadRequest("the request body must be a JSON object");
+
+  GenerationRequest r;
+  r.endpoint = endpoint;
+  Fields f(json);
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  if (const Json* v = f.Get("model")) {
+    if (!v->is_string()) return BadRequest("'model' must be a string", "model");
+    r.model = v->get<std::string>();
+  }
+  if (chat) {
+    ParseMessages(f.Get("messages"), &f, &r.messages);
+  } else {
+    ParsePrompts(f.Get("prompt"), &f, &r.prompts);
+  }
+
+  f.Integer("n", &r.n, 1, kMaxChoices);
+  f.Bool("stream", &r.stream);
+  if (const Json* options = f.Get("stream_options")) {
+    if (!options->is_object()) {
+      f.Fail("'stream_options' must be an object", "stream_options");
+    } else if (!r.stream) {
+      f.Fail("'stream_options' is only allowed with \"stream\": true", "stream_options");
+    } else {
+      Fields o(*options);
+      o.Bool("include_usage", &r.include_usage);
+      if (o.error()) f.Fail(o.error()->message, "stream_options");
+    }
+  }
+  // max_completion_tokens is the chat API's newer name and wins.
+  int32_t max_tokens = 0;
+  if (f.Integer("max_tokens", &max_tokens, 1, 1 << 24)) r.max_tokens = max_tokens;
+  if (chat && f.Integer("max_completion_tokens", &max_tokens, 1, 1 << 24)) r.max_tokens = max_tokens;
+  f.Integer("min_tokens", &r.sampling.min_tokens, 0, 1 << 24);
+  if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens) {
+    f.Fail("'min_tokens' must not exceed 'max_tokens'", "min_tokens");
+  }
+  ParseStop(f.Get("stop"), &f, &r.stop);
+  if (const Json* v = f.Get("stop_token_ids")) {
+    if (!v->is_array() || !ParseTokenArray(*v, &r.sampling.stop_token_ids)) {
+      f.Fail("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+    }
+  }
+  f.Bool("include_stop_str_in_output", &r.include_stop_str_in_output);
+  f.Bool("skip_special_tokens", &r.skip_special_tokens);
+  f.Bool("ignore_eos", &r.sampling.ignore_eos);
+
+  r.sampling.temperature = 1.0f;
+  f.Number("temperature", &r.sampling.temperature, 0, 2);
+  f.Number("top_p", &r.sampling.top_p, 0, 1, /*open_lo=*/true);
+  f.Integer("top_k", &r.sampling.top_k, -1, 1 << 24);
+  if (r.sampling.top_k < 0) r.sampling.top_k = 0;  // vLLM's -1: no limit
+  f.Number("min_p", &r.sampling.min_p, 0, 1);
+  f.Number("presence_penalty", &r.sampling.presence_penalty, -2, 2);
+  f.Number("frequency_penalty", &r.sampling.frequency_penalty, -2, 2);
+  f.Number("repetition_penalty", &r.sampling.repetition_penalty, 0, 2, /*open_lo=*/true);
+  int64_t seed = 0;
+  if (f.Integer("seed", &seed, INT64_MIN, INT64_MAX)) r.sampling.seed = static_cast<uint64_t>(seed);
+
+  if (chat) {
+    bool logprobs = false;
+    f.Bool("logprobs", &logprobs);
+    int32_t top = 0;
+    const bool has_top = f.Integer("top_logprobs", &top, 0, kMaxLogprobs);
+    if (has_top && !logprobs) f.Fail("'top_logprobs' needs \"logprobs\": true", "top_logprobs");
+    if (logprobs) r.logprobs = top;
+  } else {
+    f.Integer("logprobs", &r.logprobs, 0, kMaxLogprobs);
+  }
+  r.sampling.logprobs = r.logprobs;
+  if (const Json* v = f.Get("user")) {
+    if (v->is_string()) r.user = v->get<std::string>();
+  }
+
+  // Known parameters we do not implement: refused, not silently ignored.
+  f.Unsupported("echo", false);
+  f.Unsupported("suffix", "");
+  f.Unsupported("logit_bias", Json::object());
+  f.Unsupported("tools", Json::array());
+  f.Unsupported("functions", Json::array());
+  f.Unsupported("tool_choice", "none");
+  f.Unsupported("response_format", Json{{"type", "text"}});
+  f.Unsupported("guided_json", nullptr);
+  if (const Json* v = f.Get("best_of")) {
+    if (!v->is_number_integer() || v->get<int64_t>() != r.n) {
+      f.Fail("'best_of' other than 'n' is not supported by this server", "best_of");
+    }
+  }
+  if (f.error()) return *f.error();
+  return r;
+}
+
+}  // namespace tandem::openai

@@ -1,0 +1,78 @@
+// The OpenAI wire format: request bodies of /v1/completions and
+// /v1/chat/completions parsed and validated into what the engine needs, and
+// the error object every 4xx carries. Pure: no sockets, no engine.
+//
+// Validation follows OpenAI's documented ranges (temperature in [0, 2],
+// penalties in [-2, 2], ...), vLLM's extensions (top_k, min_p,
+// repetition_penalty, ignore_eos, min_tokens, stop_token_ids) and refuses
+// what we do not implement (echo, best_of, tools, response_format, ...)
+// by name instead of ignoring it. Unknown fields are ignored, as OpenAI
+// clients send fields of their own.
+#ifndef TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_PROTOCOL_H_
+#define TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/types.h"
+#include "scheduler/server/openai/chat_template.h"
+#include "scheduler/core/sampling_params.h"
+
+namespace tandem::openai {
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, may be empty
+
+  std::string ToJson() const;
+};
+
+ApiError BadRequest(std::string message, std::string param = "");
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// One prompt of a completions request: text to tokenize, or token ids.
+struct Prompt {
+  std::string text;
+  std::vector<TokenId> token_ids;
+  bool is_tokens = false;
+};
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // may be empty (then the served model)
+  std::vector<Prompt> prompts;              // completions: one or more
+  std::vector<ChatMessage> messages;        // chat
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;               // stream_options.include_usage
+  std::optional<int32_t> max_tokens;        // absent: 16 for completions, the rest of the context for chat
+  std::vector<std::string> stop;            // stop strings
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  // Logprobs: -1 none; k >= 0 the sampled token's plus the top k.
+  int32_t logprobs = -1;
+  scheduler::SamplingParams sampling;       // everything but max_tokens and EOS
+  std::string user;
+};
+
+// Parses and validates a request body. Sampling defaults are OpenAI's
+// (temperature 1, top_p 1).
+std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoint, std::string_view body);
+
+// Limits that make a request absurd rather than merely large.
+inline constexpr int32_t kMaxChoices = 128;
+inline constexpr int32_t kMaxLogprobs = 20;
+inline constexpr int32_t kMaxStopStrings = 16;
+inline constexpr int32_t kMaxPrompts = 256;
+
+}  // namespace tandem::openai
+
+#endif  // TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_PROTOCOL_H_

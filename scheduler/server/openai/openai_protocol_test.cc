@@ -1,0 +1,159 @@
+#include "scheduler/server/openai/openai_protocol.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::openai {
+namespace {
+
+using ::testing::HasSubstr;
+
+GenerationRequest ParseOk(Endpoint endpoint, const std::string& body) {
+  auto parsed = ParseGenerationRequest(endpoint, body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) ADD_FAILURE() << body << " -> " << e->message;
+  return std::get_if<GenerationRequest>(&parsed) ? std::get<GenerationRequest>(parsed) : GenerationRequest{};
+}
+
+ApiError ParseError(Endpoint endpoint, const std::string& body) {
+  auto parsed = ParseGenerationRequest(endpoint, body);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parsed)) << body << " was accepted";
+  return std::holds_alternative<ApiError>(parsed) ? std::get<ApiError>(parsed) : ApiError{};
+}
+
+TEST(OpenAiProtocolTest, CompletionWithEveryParameter) {
+  const GenerationRequest r = ParseOk(Endpoint::kCompletions, R"({
+    "model": "m", "prompt": "Hello", "n": 3, "stream": true, "stream_options": {"include_usage": true},
+    "max_tokens": 20, "min_tokens": 2, "stop": ["\n", "END"], "seed": 7, "temperature": 0.5, "top_p": 0.9,
+    "top_k": 40, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+    "logprobs": 2, "ignore_eos": true, "user": "u", "some_future_field": {"x": 1}})");
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Hello");
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.max_tokens, 20);
+  EXPECT_EQ(r.sampling.min_tokens, 2);
+  EXPECT_THAT(r.stop, ::testing::ElementsAre("\n", "END"));
+  EXPECT_EQ(r.sampling.seed, 7u);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_EQ(r.sampling.logprobs, 2);
+  EXPECT_TRUE(r.sampling.ignore_eos);
+}
+
+TEST(OpenAiProtocolTest, DefaultsAreOpenAis) {
+  const GenerationRequest r = ParseOk(Endpoint::kCompletions, R"({"prompt": "x"})");
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_EQ(r.sampling.top_k, 0);
+}
+
+TEST(OpenAiProtocolTest, PromptShapes) {
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})").prompts[0].token_ids,
+            (std::vector<TokenId>{1, 2, 3}));
+  const GenerationRequest batch = ParseOk(Endpoint::kCompletions, R"({"prompt": ["a", "b"]})");
+  ASSERT_EQ(batch.prompts.size(), 2u);
+  EXPECT_EQ(batch.prompts[1].text, "b");
+  const GenerationRequest ids = ParseOk(Endpoint::kCompletions, R"({"prompt": [[1], [2, 3]]})");
+  ASSERT_EQ(ids.prompts.size(), 2u);
+  EXPECT_TRUE(ids.prompts[1].is_tokens);
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": [1, "a"]})").param, "prompt");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": [-1]})").param, "prompt");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": {}})").param, "prompt");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": []})").param, "prompt");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"max_tokens": 3})").param, "prompt");
+}
+
+TEST(OpenAiProtocolTest, ChatMessagesAndItsTokenLimits) {
+  const GenerationRequest r = ParseOk(Endpoint::kChatCompletions, R"({"messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": null}],
+    "max_tokens": 5, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[1].content, "Hi there");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.max_tokens, 9);  // max_completion_tokens wins
+  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_EQ(ParseOk(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})")
+                .logprobs,
+            0);
+  EXPECT_EQ(ParseError(Endpoint::kChatCompletions, R"({"messages": []})").param, "messages");
+  EXPECT_EQ(ParseError(Endpoint::kChatCompletions, R"({"messages": [{"content": "x"}]})").param, "messages");
+  EXPECT_THAT(ParseError(Endpoint::kChatCompletions,
+                         R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})")
+                  .message,
+              HasSubstr("only text"));
+  EXPECT_EQ(ParseError(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})")
+                .param,
+            "top_logprobs");
+}
+
+TEST(OpenAiProtocolTest, BadInputIsNamed) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "x", "temperature": -0.1})", "temperature"},
+      {R"({"prompt": "x", "temperature": 2.5})", "temperature"},
+      {R"({"prompt": "x", "top_p": 0})", "top_p"},
+      {R"({"prompt": "x", "top_p": 1.5})", "top_p"},
+      {R"({"prompt": "x", "top_k": -2})", "top_k"},
+      {R"({"prompt": "x", "top_k": 1.5})", "top_k"},
+      {R"({"prompt": "x", "min_p": 2})", "min_p"},
+      {R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty"},
+      {R"({"prompt": "x", "frequency_penalty": -3})", "frequency_penalty"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": -5})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": 100000000000})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": "10"})", "max_tokens"},
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 100000})", "n"},
+      {R"({"prompt": "x", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "x", "stop": 3})", "stop"},
+      {R"({"prompt": "x", "stop": [""]})", "stop"},
+      {R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 2})", "min_tokens"},
+      {R"({"prompt": "x", "seed": "s"})", "seed"},
+      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {R"({"prompt": "x", "logit_bias": {"1": 5}})", "logit_bias"},
+      {R"({"prompt": "x", "model": 5})", "model"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = ParseError(Endpoint::kCompletions, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, "{not json").message, HasSubstr("not valid JSON"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, "[1, 2]").message, HasSubstr("JSON object"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, "").message, HasSubstr("not valid JSON"));
+}
+
+TEST(OpenAiProtocolTest, ErrorObjectHasOpenAisShape) {
+  const nlohmann::json json = nlohmann::json::parse(BadRequest("bad \"top_p\"", "top_p").ToJson());
+  EXPECT_EQ(json["error"]["message"], "bad \"top_p\"");
+  EXPECT_EQ(json["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(json["error"]["param"], "top_p");
+  EXPECT_EQ(json["error"]["code"], 400);
+  EXPECT_TRUE(nlohmann::json::parse(BadRequest("x").ToJson())["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace tandem::openai

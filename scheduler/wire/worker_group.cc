@@ -1,0 +1,276 @@
+#include "scheduler/wire/worker_group.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/wire/step_codec.h"
+
+namespace tandem::scheduler {
+
+WorkerGroup::WorkerGroup(WorkerGroupOptions options)
+    : options_(std::move(options)), members_(options_.world_size) {}
+
+void WorkerGroup::Notify() {
+  changed_.notify_all();
+  if (options_.on_change) options_.on_change();
+}
+
+std::optional<int32_t> WorkerGroup::RankOf(WorkerLink* link) const {
+  for (int32_t r = 0; r < static_cast<int32_t>(members_.size()); ++r) {
+    if (members_[r] && members_[r]->link == link) return r;
+  }
+  return std::nullopt;
+}
+
+std::string WorkerGroup::CheckCompatible(const v1::RegisterWorker& info) const {
+  if (info.world_size() != options_.world_size) {
+    return absl::StrCat("the scheduler runs ", options_.world_size, " pipeline stages, the worker expects ",
+                        info.world_size());
+  }
+  if (info.rank() < 0 || info.rank() >= options_.world_size) return absl::StrCat("rank ", info.rank(), " is out of range");
+  if (info.block_size() != options_.block_size) {
+    return absl::StrCat("block size ", info.block_size(), " differs from the scheduler's ", options_.block_size);
+  }
+  if (members_[info.rank()]) {
+    return absl::StrCat("rank ", info.rank(), " is already served by ", members_[info.rank()]->link->peer());
+  }
+  for (const auto& m : members_) {
+    if (!m) continue;
+    if (m->info.model_name() != info.model_name() || m->info.num_layers() != info.num_layers() ||
+        m->info.vocab_size() != info.vocab_size()) {
+      return absl::StrCat("rank ", info.rank(), " loaded model '", info.model_name(), "' (", info.num_layers(),
+                          " layers), rank ", m->info.rank(), " loaded '", m->info.model_name(), "' (",
+                          m->info.num_layers(), " layers)");
+    }
+  }
+  if (info.max_kv_blocks() < 2) return absl::StrCat("rank ", info.rank(), " has room for no KV cache");
+  return "";
+}
+
+void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (message.has_register_()) {
+    Register(link, message.register_());
+    lock.unlock();
+    Notify();
+    return;
+  }
+  const std::optional<int32_t> rank = RankOf(link);
+  if (!rank) return;  // not registered: nothing it says counts
+  Member& member = *members_[*rank];
+  switch (message.kind_case()) {
+    case v1::WorkerMessage::kConfigured:
+      OnConfigured(*rank, message.configured());
+      break;
+    case v1::WorkerMessage::kReady:
+      OnReady(*rank, message.ready());
+      break;
+    case v1::WorkerMessage::kResult:
+      if (message.result().epoch() == epoch_ && state_ == State::kReady) results_.push_back(message.result().output());
+      break;
+    case v1::WorkerMessage::kError:
+      // Only a running group can fail; a rank that reports the loss of a
+      // peer after the group already failed adds nothing.
+      if (message.error().epoch() == epoch_ && state_ == State::kReady) {
+        FailLocked(absl::InternalError(absl::StrCat("worker rank ", *rank, " failed step ",
+                                                    message.error().step_seq(), ": ", message.error().message())));
+      }
+      break;
+    case v1::WorkerMessage::kStats:
+      member.stats = message.stats();
+      break;
+    default:
+      break;
+  }
+  lock.unlock();
+  Notify();
+}
+
+void WorkerGroup::Register(WorkerLink* link, const v1::RegisterWorker& info) {
+  if (std::string error = CheckCompatible(info); !error.empty()) {
+    link->Close(absl::StrCat("registration refused: ", error));
+    return;
+  }
+  Member member;
+  member.link = link;
+  member.info = info;
+  members_[info.rank()] = std::move(member);
+  MaybeConfigure();
+}
+
+void WorkerGroup::MaybeConfigure() {
+  if (state_ != State::kForming) return;
+  for (const auto& m : members_) {
+    if (!m) return;
+  }
+  int32_t blocks = members_[0]->info.max_kv_blocks();
+  for (const auto& m : members_) blocks = std::min(blocks, m->info.max_kv_blocks());
+  // Every stage holds the same block ids: the pool is the smallest stage's.
+  pool_blocks_ = blocks;
+  ++epoch_;
+  failure_ = absl::OkStatus();
+  results_.clear();
+  state_ = State::kConfiguring;
+  v1::SchedulerMessage message;
+  v1::ConfigureGroup* configure = message.mutable_configure();
+  configure->set_epoch(epoch_);
+  configure->set_num_kv_blocks(pool_blocks_);
+  configure->set_block_size(options_.block_size);
+  for (auto& m : members_) m->link->Send(message);
+}
+
+void WorkerGroup::OnConfigured(int32_t rank, const v1::WorkerConfigured& configured) {
+  if (state_ != State::kConfiguring || configured.epoch() != epoch_) return;
+  Member& member = *members_[rank];
+  member.configured_epoch = epoch_;
+  member.comm_address = configured.comm_address();
+  member.nccl_unique_id = configured.nccl_unique_id();
+  for (const auto& m : members_) {
+    if (m->configured_epoch != epoch_) return;
+  }
+  state_ = State::kConnecting;
+  v1::SchedulerMessage message;
+  v1::ConnectGroup* connect = message.mutable_connect();
+  connect->set_epoch(epoch_);
+  for (const auto& m : members_) connect->add_comm_addresses(m->comm_address);
+  connect->set_nccl_unique_id(members_[0]->nccl_unique_id);
+  for (auto& m : members_) m->link->Send(message);
+}
+
+void WorkerGroup::OnReady(int32_t rank, const v1::WorkerReady& ready) {
+  if (state_ != State::kConnecting || ready.epoch() != epoch_) return;
+  members_[rank]->ready_epoch = epoch_;
+  for (const auto& m : members_) {
+    if (m->ready_epoch != epoch_) return;
+  }
+  state_ = State::kReady;
+}
+
+void WorkerGroup::FailLocked(absl::Status status) {
+  if (failure_.ok()) failure_ = std::move(status);
+  if (state_ == State::kReady) state_ = State::kBroken;
+}
+
+void WorkerGroup::OnDisconnect(WorkerLink* link, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::optional<int32_t> rank = RankOf(link);
+    if (!rank) return;
+    members_[*rank].reset();
+    const absl::Status lost =
+        absl::UnavailableError(absl::StrCat("worker rank ", *rank, " (", link->peer(), ") disconnected: ", reason));
+    if (state_ == State::kReady) {
+      FailLocked(lost);
+    } else if (state_ == State::kConfiguring || state_ == State::kConnecting) {
+      state_ = State::kForming;  // formation restarts when the rank is back
+    }
+  }
+  Notify();
+}
+
+void WorkerGroup::Reset() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_.clear();
+    failure_ = absl::OkStatus();
+    state_ = State::kForming;
+    MaybeConfigure();
+  }
+  Notify();
+}
+
+bool WorkerGroup::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kReady;
+}
+
+absl::Status WorkerGroup::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kBroken ? failure_ : absl::OkStatus();
+}
+
+std::string WorkerGroup::DescribeLocked() const {
+  switch (state_) {
+    case State::kReady:
+      return absl::StrCat("ready: ", members_.size(), " worker(s), ", pool_blocks_, " KV blocks");
+    case State::kBroken:
+      return absl::StrCat("failed: ", failure_.message());
+    case State::kConfiguring:
+    case State::kConnecting:
+      return absl::StrCat("configuring epoch ", epoch_);
+    case State::kForming:
+      break;
+  }
+  std::string missing;
+  for (size_t r = 0; r < members_.size(); ++r) {
+    if (!members_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+  }
+  return absl::StrCat("waiting for worker rank(s) ", missing, " to register");
+}
+
+int32_t WorkerGroup::pool_blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_blocks_;
+}
+
+GroupStatus WorkerGroup::Status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  GroupStatus status;
+  status.ready = state_ == State::kReady;
+  status.description = DescribeLocked();
+  status.epoch = epoch_;
+  status.pool_blocks = pool_blocks_;
+  for (int32_t r = 0; r < static_cast<int32_t>(members_.size()); ++r) {
+    WorkerStatus w;
+    w.rank = r;
+    if (members_[r]) {
+      w.connected = true;
+      w.peer = members_[r]->link->peer();
+      w.busy_seconds = members_[r]->stats.busy_seconds();
+      w.idle_seconds = members_[r]->stats.idle_seconds();
+      w.steps = members_[r]->stats.steps();
+      status.vocab_size = members_[r]->info.vocab_size();
+    }
+    status.workers.push_back(w);
+  }
+  return status;
+}
+
+absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
+  v1::SchedulerMessage message;
+  EncodeSchedulerOutput(step, message.mutable_execute());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kReady) {
+    return failure_.ok() ? absl::UnavailableError(absl::StrCat("the worker group is not ready (", DescribeLocked(), ")"))
+                         : failure_;
+  }
+  for (auto& m : members_) m->link->Send(message);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerGroup::Sample(StepSeq step_seq, const GrammarOutput* grammar) {
+  v1::SchedulerMessage message;
+  EncodeSampleCommand(step_seq, grammar, message.mutable_sample());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kReady) return failure_.ok() ? absl::UnavailableError("the worker group is not ready") : failure_;
+  members_.back()->link->Send(message);  // only the last stage samples
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool arrived = changed_.wait_for(lock, absl::ToChronoNanoseconds(options_.step_timeout),
+                                         [&] { return !failure_.ok() || !results_.empty(); });
+  if (!failure_.ok()) return failure_;
+  if (!arrived) {
+    FailLocked(absl::DeadlineExceededError(absl::StrCat("worker rank ", members_.size() - 1, " did not answer step ",
+                                                        step_seq, " within ",
+                                                        absl::FormatDuration(options_.step_timeout))));
+    return failure_;
+  }
+  v1::ModelRunnerOutput result = std::move(results_.front());
+  results_.pop_front();
+  return DecodeRunnerOutput(result);
+}
+
+}  // namespace tandem::scheduler

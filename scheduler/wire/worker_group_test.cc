@@ -1,0 +1,221 @@
+// WorkerGroup's membership protocol and its Executor face, over in-memory
+// links: formation, the pool size, refusals, failure and re-formation.
+#include "scheduler/wire/worker_group.h"
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeLink : public WorkerLink {
+ public:
+  explicit FakeLink(std::string name) : name_(std::move(name)) {}
+  void Send(const v1::SchedulerMessage& message) override { sent.push_back(message); }
+  void Close(const std::string& reason) override { closed = reason; }
+  std::string peer() const override { return name_; }
+
+  std::vector<v1::SchedulerMessage> sent;
+  std::string closed;
+
+ private:
+  std::string name_;
+};
+
+v1::WorkerMessage Register(int32_t rank, int32_t world, int32_t blocks, const std::string& model = "m") {
+  v1::WorkerMessage m;
+  v1::RegisterWorker* r = m.mutable_register_();
+  r->set_rank(rank);
+  r->set_world_size(world);
+  r->set_model_name(model);
+  r->set_num_layers(4);
+  r->set_block_size(16);
+  r->set_max_kv_blocks(blocks);
+  r->set_vocab_size(100);
+  return m;
+}
+
+// Drives every link through configure, connect and ready for `epoch`.
+void Form(WorkerGroup& group, std::vector<FakeLink*> links, int64_t epoch) {
+  for (size_t r = 0; r < links.size(); ++r) {
+    ASSERT_TRUE(links[r]->sent.back().has_configure());
+    EXPECT_EQ(links[r]->sent.back().configure().epoch(), epoch);
+    v1::WorkerMessage configured;
+    configured.mutable_configured()->set_epoch(epoch);
+    configured.mutable_configured()->set_comm_address("127.0.0.1:" + std::to_string(1000 + r));
+    group.OnMessage(links[r], configured);
+  }
+  for (size_t r = 0; r < links.size(); ++r) {
+    ASSERT_TRUE(links[r]->sent.back().has_connect());
+    EXPECT_EQ(links[r]->sent.back().connect().comm_addresses_size(), static_cast<int>(links.size()));
+    v1::WorkerMessage ready;
+    ready.mutable_ready()->set_epoch(epoch);
+    group.OnMessage(links[r], ready);
+  }
+}
+
+WorkerGroupOptions Options(int32_t world, absl::Duration timeout = absl::Seconds(5)) {
+  WorkerGroupOptions o;
+  o.world_size = world;
+  o.block_size = 16;
+  o.step_timeout = timeout;
+  return o;
+}
+
+TEST(WorkerGroupTest, FormsWithTheSmallestPool) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&b, Register(1, 2, 300));
+  EXPECT_FALSE(group.ready());
+  EXPECT_THAT(group.Status().description, HasSubstr("rank(s) 0"));
+  group.OnMessage(&a, Register(0, 2, 500));
+  EXPECT_EQ(a.sent.back().configure().num_kv_blocks(), 300);
+  Form(group, {&a, &b}, 1);
+  EXPECT_TRUE(group.ready());
+  EXPECT_EQ(group.pool_blocks(), 300);
+  EXPECT_EQ(a.sent.back().connect().comm_addresses(1), "127.0.0.1:1001");
+}
+
+TEST(WorkerGroupTest, RefusesWhatDoesNotFit) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b"), c("c"), d("d");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(0, 2, 100));
+  EXPECT_THAT(b.closed, HasSubstr("rank 0 is already served by a"));
+  group.OnMessage(&c, Register(1, 3, 100));
+  EXPECT_THAT(c.closed, HasSubstr("the scheduler runs 2 pipeline stages"));
+  group.OnMessage(&d, Register(1, 2, 100, "other"));
+  EXPECT_THAT(d.closed, HasSubstr("loaded model 'other'"));
+  EXPECT_FALSE(group.ready());
+}
+
+TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  SchedulerOutput step;
+  step.step_seq = 1;
+  ScheduledRequest row;
+  row.id = 7;
+  row.num_tokens = 3;
+  row.samples = true;
+  step.scheduled.push_back(row);
+  step.total_num_scheduled_tokens = 3;
+  ASSERT_TRUE(group.Execute(step).ok());
+  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  EXPECT_TRUE(a.sent.back().has_execute());
+  EXPECT_TRUE(b.sent.back().has_sample());
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(1);
+  v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
+  out->set_step_seq(1);
+  out->add_request_ids(7);
+  out->add_num_sampled(1);
+  out->add_sampled_token_ids(42);
+  group.OnMessage(&b, result);
+  auto collected = group.CollectOutput(1);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
+}
+
+TEST(WorkerGroupTest, ADisconnectFailsTheStepAndTheGroupReforms) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  std::thread lose([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    group.OnDisconnect(&b, "socket closed");
+  });
+  auto collected = group.CollectOutput(1);
+  lose.join();
+  EXPECT_EQ(collected.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(collected.status().message(), HasSubstr("worker rank 1 (b) disconnected: socket closed"));
+  group.Reset();
+  EXPECT_FALSE(group.ready());
+  // The worker comes back: a new epoch forms, stale results are ignored.
+  FakeLink b2("b2");
+  group.OnMessage(&b2, Register(1, 2, 100));
+  Form(group, {&a, &b2}, 2);
+  EXPECT_TRUE(group.ready());
+  v1::WorkerMessage stale;
+  stale.mutable_result()->set_epoch(1);
+  group.OnMessage(&b2, stale);
+  EXPECT_TRUE(group.Status().ready);
+}
+
+// Nothing was waiting on the group when the worker went: the failure stays
+// visible until the engine resets the group.
+TEST(WorkerGroupTest, ALossBetweenStepsIsReportedUntilReset) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  EXPECT_TRUE(group.failure().ok());
+  group.OnDisconnect(&b, "socket closed");
+  EXPECT_FALSE(group.ready());
+  EXPECT_THAT(group.failure().message(), HasSubstr("worker rank 1 (b) disconnected"));
+  EXPECT_THAT(group.Status().description, HasSubstr("failed"));
+  group.Reset();
+  EXPECT_TRUE(group.failure().ok());
+  EXPECT_FALSE(group.ready());
+}
+
+TEST(WorkerGroupTest, AMissingAnswerTimesOut) {
+  WorkerGroup group(Options(1, absl::Milliseconds(100)));
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  auto collected = group.CollectOutput(9);
+  EXPECT_EQ(collected.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(collected.status().message(), HasSubstr("did not answer step 9"));
+  EXPECT_FALSE(group.ready());
+  group.Reset();  // every rank is still connected: a new epoch starts at once
+  EXPECT_EQ(a.sent.back().configure().epoch(), 2);
+}
+
+}  // namespace
+}  // namespace tandem::scheduler
+
+namespace tandem::scheduler {
+namespace {
+
+// After a failure, another rank reporting the lost peer must not poison the
+// next formation.
+TEST(WorkerGroupLateErrorTest, AnErrorAfterTheFailureIsNotKept) {
+  WorkerGroup group(Options(2));
+  FakeLink a("a"), b("b");
+  group.OnMessage(&a, Register(0, 2, 100));
+  group.OnMessage(&b, Register(1, 2, 100));
+  Form(group, {&a, &b}, 1);
+  group.OnDisconnect(&b, "killed");
+  EXPECT_FALSE(group.CollectOutput(1).ok());
+  group.Reset();
+  v1::WorkerMessage late;
+  late.mutable_error()->set_epoch(1);
+  late.mutable_error()->set_message("receiving from rank 1: peer closed the connection");
+  group.OnMessage(&a, late);
+  FakeLink b2("b2");
+  group.OnMessage(&b2, Register(1, 2, 100));
+  Form(group, {&a, &b2}, 2);
+  SchedulerOutput step;
+  step.step_seq = 5;
+  ASSERT_TRUE(group.Execute(step).ok());
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(2);
+  result.mutable_result()->mutable_output()->set_step_seq(5);
+  group.OnMessage(&b2, result);
+  auto collected = group.CollectOutput(5);
+  EXPECT_TRUE(collected.ok()) << collected.status();
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

@@ -1,0 +1,236 @@
+#include "tools/cluster/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tools/client/grpc_generate_client.h"
+
+extern char** environ;
+
+namespace tandem::tools {
+
+std::string ProgramDirectory() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "." : exe.parent_path().string();
+}
+
+std::string LocalCluster::Binary(const std::string& name) const {
+  return (options_.bin_dir.empty() ? ProgramDirectory() : options_.bin_dir) + "/" + name;
+}
+
+absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!options_.inherit_output) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  // Children start with no signals blocked, whatever this process blocks.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  // Each child in its own process group: a Ctrl-C at the terminal reaches
+  // only this process, which stops the children in order (the scheduler
+  // drains while its workers still run).
+  posix_spawnattr_setpgroup(&attributes, 0);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, args[0], &actions, &attributes, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (error != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": error ", error));
+  return pid;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->options_ = options;
+  if (options.directory.empty()) {
+    char pattern[] = "/tmp/tandem_cluster_XXXXXX";
+    if (mkdtemp(pattern) == nullptr) return absl::InternalError("mkdtemp failed");
+    c->dir_ = pattern;
+  } else {
+    c->dir_ = options.directory;
+    std::error_code error;
+    std::filesystem::create_directories(c->dir_, error);
+  }
+  const std::string port_file = c->dir_ + "/port";
+  std::vector<std::string> argv = {c->Binary("tandem-scheduler"),
+                                   "--model", options.model_path,
+                                   "--host", options.host,
+                                   "--port", std::to_string(options.port),
+                                   "--port-file", port_file,
+                                   "--pipeline-parallel-size", std::to_string(options.pipeline_parallel_size),
+                                   "--max-num-seqs", std::to_string(options.max_num_seqs),
+                                   "--max-num-batched-tokens", std::to_string(options.max_num_batched_tokens),
+                                   "--max-model-len", std::to_string(options.max_model_len),
+                                   "--step-timeout", std::to_string(options.step_timeout_seconds),
+                                   "--shutdown-grace", std::to_string(options.shutdown_grace_seconds)};
+  const std::string http_port_file = c->dir_ + "/http_port";
+  argv.insert(argv.end(), {"--http-host", options.host, "--http-port", std::to_string(options.http_port)});
+  if (options.http_port >= 0) argv.insert(argv.end(), {"--http-port-file", http_port_file});
+  if (!options.api_key.empty()) argv.insert(argv.end(), {"--api-key", options.api_key});
+  if (!options.served_model_name.empty()) argv.insert(argv.end(), {"--served-model-name", options.served_model_name});
+  if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
+  if (options.trace_steps || !options.trace_steps_path.empty()) {
+    argv.push_back("--trace-steps");
+    argv.push_back(options.trace_steps_path.empty() ? c->trace_path() : options.trace_steps_path);
+  }
+  auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
+  if (!scheduler.ok()) return scheduler.status();
+  c->scheduler_ = *scheduler;
+  const std::string logs = options.inherit_output ? "its messages above" : c->dir_ + "/scheduler.log";
+  // The scheduler writes each port once it is listening; it exits if it cannot.
+  auto read_port = [&](const std::string& file, const char* what, int* port) -> absl::Status {
+    for (int i = 0; i < 400 && *port == 0; ++i) {
+      std::ifstream(file) >> *port;
+      if (*port != 0) break;
+      if (!c->SchedulerAlive()) {
+        c->scheduler_ = -1;
+        return absl::UnavailableError(absl::StrCat("the scheduler exited before listening on its ", what, " port; see ", logs));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    if (*port == 0) return absl::UnavailableError(absl::StrCat("the scheduler did not report its ", what, " port; see ", logs));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read_port(port_file, "gRPC", &c->port_); !s.ok()) return s;
+  if (options.http_port >= 0) {
+    if (absl::Status s = read_port(http_port_file, "HTTP", &c->http_port_); !s.ok()) return s;
+  }
+  c->workers_.assign(options.pipeline_parallel_size, -1);
+  for (int32_t r = 0; r < options.pipeline_parallel_size; ++r) {
+    if (absl::Status s = c->StartWorker(r); !s.ok()) return s;
+  }
+  if (absl::Status s = c->WaitReady(true, 60); !s.ok()) return s;
+  return c;
+}
+
+absl::Status LocalCluster::StartWorker(int32_t rank) {
+  auto pid = Spawn({Binary("tandem-worker"), "--scheduler", target(), "--rank", std::to_string(rank),
+                    "--world-size", std::to_string(options_.pipeline_parallel_size), "--model", options_.model_path,
+                    "--kv-cache-memory", options_.kv_cache_memory, "--threads",
+                    std::to_string(WorkerThreads()), "--peer-timeout", "10"},
+                   absl::StrCat(dir_, "/worker", rank, ".log"));
+  if (!pid.ok()) return pid.status();
+  workers_[rank] = *pid;
+  return absl::OkStatus();
+}
+
+int32_t LocalCluster::WorkerThreads() const {
+  if (options_.worker_threads > 0) return options_.worker_threads;
+  const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, hardware / options_.pipeline_parallel_size);
+}
+
+void LocalCluster::SignalWorker(int32_t rank, int signal) {
+  if (workers_[rank] <= 0) return;
+  kill(workers_[rank], signal);
+  if (signal != SIGKILL) return;
+  waitpid(workers_[rank], nullptr, 0);
+  workers_[rank] = -1;
+}
+
+std::string LocalCluster::WaitForExit(const std::function<bool()>& stop) {
+  auto describe = [](const std::string& who, int status) {
+    if (WIFEXITED(status)) return absl::StrCat(who, " exited with status ", WEXITSTATUS(status));
+    return absl::StrCat(who, " was killed by signal ", WTERMSIG(status));
+  };
+  while (!stop()) {
+    int status = 0;
+    if (scheduler_ > 0 && waitpid(scheduler_, &status, WNOHANG) == scheduler_) {
+      scheduler_ = -1;
+      return describe("the scheduler", status);
+    }
+    for (size_t r = 0; r < workers_.size(); ++r) {
+      if (workers_[r] > 0 && waitpid(workers_[r], &status, WNOHANG) == workers_[r]) {
+        workers_[r] = -1;
+        return describe(absl::StrCat("worker ", r), status);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+bool LocalCluster::SchedulerAlive() { return scheduler_ > 0 && waitpid(scheduler_, nullptr, WNOHANG) == 0; }
+
+absl::Status LocalCluster::WaitReady(bool ready, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::string last = "no answer";
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto health = tools::QueryHealth(target());
+    if (health.ok()) {
+      if (health->ready == ready) return absl::OkStatus();
+      last = health->status;
+    } else {
+      last = std::string(health.status().message());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("the group did not become ", ready ? "ready" : "not ready", " in ",
+                                                  seconds, " s (", last, "); logs in ", dir_));
+}
+
+namespace {
+
+// SIGTERM to each, then up to `grace` for all to exit; SIGKILL for the rest.
+// When `hurry` says so, each gets a second SIGTERM (which ends a drain).
+void TerminateAll(const std::vector<pid_t*>& pids, double grace_seconds, const std::function<bool()>& hurry) {
+  for (pid_t* pid : pids) {
+    if (*pid > 0) kill(*pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_seconds);
+  for (pid_t* pid : pids) {
+    while (*pid > 0 && std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(*pid, nullptr, WNOHANG) == *pid) {
+        *pid = -1;  // reaped: its id may be reused, never signal it again
+        break;
+      }
+      if (hurry && hurry()) kill(*pid, SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (*pid > 0) {
+      kill(*pid, SIGKILL);
+      waitpid(*pid, nullptr, 0);
+      *pid = -1;
+    }
+  }
+}
+
+}  // namespace
+
+void LocalCluster::Stop(const std::function<bool()>& hurry) {
+  // The scheduler first, so that it can drain while its workers still run.
+  TerminateAll({&scheduler_}, options_.shutdown_grace_seconds + 2, hurry);
+  std::vector<pid_t*> workers;
+  for (pid_t& pid : workers_) workers.push_back(&pid);
+  TerminateAll(workers, 2, nullptr);
+}
+
+LocalCluster::~LocalCluster() {
+  Stop();
+  if (options_.directory.empty() && !options_.keep_directory) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+}
+
+}  // namespace tandem::tools

@@ -1,0 +1,97 @@
+// LocalCluster: a tandem-scheduler and its tandem-worker processes on one
+// machine, started as children of this process (`tandem serve`, the
+// integration tests, the benchmarks). The scheduler reports the port it
+// bound through --port-file, so port 0 works. Each process logs to a file in
+// the cluster's directory (or inherits this process's stderr); the destructor
+// stops whatever is still running.
+#ifndef TANDEM_TOOLS_CLUSTER_LOCAL_CLUSTER_H_
+#define TANDEM_TOOLS_CLUSTER_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::tools {
+
+struct LocalClusterOptions {
+  std::string model_path;
+  std::string host = "127.0.0.1";
+  int32_t port = 0;                        // gRPC; 0: any free port
+  int32_t http_port = 0;                   // the OpenAI API on `host`; 0: any free port; -1: none
+  std::string api_key;                     // empty: none
+  std::string served_model_name;           // empty: the model file's name
+  // Empty: a fresh directory under /tmp, removed by the destructor unless
+  // `keep_directory`. Logs go there unless `inherit_output`.
+  std::string directory;
+  bool keep_directory = false;
+  bool inherit_output = false;
+  int32_t pipeline_parallel_size = 1;
+  bool async_scheduling = true;
+  std::string kv_cache_memory = "64MiB";   // per worker
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_model_len = 0;
+  double step_timeout_seconds = 30;         // tandem-scheduler's default
+  // On Stop, the scheduler's time to let requests in flight finish
+  // (--shutdown-grace) before the workers are stopped.
+  double shutdown_grace_seconds = 0;
+  bool trace_steps = false;            // to trace_path()
+  std::string trace_steps_path;        // or here
+  int32_t worker_threads = 1;             // 0: the machine's threads divided among the workers
+  // The executables; empty: next to this program.
+  std::string bin_dir;
+};
+
+class LocalCluster {
+ public:
+  // Starts the scheduler and every worker and waits until the group is ready.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The OpenAI API's port; 0 without one.
+  int http_port() const { return http_port_; }
+  const std::string& directory() const { return dir_; }
+  std::string trace_path() const { return dir_ + "/trace.jsonl"; }
+
+  // Sends `signal` to worker `rank`; SIGKILL also reaps it.
+  void SignalWorker(int32_t rank, int signal);
+  void KillWorker(int32_t rank) { SignalWorker(rank, 9); }
+  // Starts worker `rank` again.
+  absl::Status StartWorker(int32_t rank);
+  // Waits until Health says ready (or not), up to `seconds`.
+  absl::Status WaitReady(bool ready, double seconds);
+  bool SchedulerAlive();
+  // Waits until any process of the group exits; returns its name and how it
+  // ended ("worker 1 was killed by signal 9"). Returns early, with "", when
+  // `stop` becomes true (checked every 100 ms).
+  std::string WaitForExit(const std::function<bool()>& stop);
+  // Stops every process: the scheduler first (it drains for
+  // shutdown_grace_seconds; when `hurry` returns true it is told again, which
+  // ends the drain), then the workers; SIGKILL for any that linger.
+  void Stop(const std::function<bool()>& hurry = nullptr);
+
+ private:
+  LocalCluster() = default;
+  absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log);
+  std::string Binary(const std::string& name) const;
+  int32_t WorkerThreads() const;
+
+  LocalClusterOptions options_;
+  std::string dir_;
+  int port_ = 0;
+  int http_port_ = 0;
+  pid_t scheduler_ = -1;
+  std::vector<pid_t> workers_;
+};
+
+// The directory of this program (where the build puts every executable).
+std::string ProgramDirectory();
+
+}  // namespace tandem::tools
+
+#endif  // TANDEM_TOOLS_CLUSTER_LOCAL_CLUSTER_H_

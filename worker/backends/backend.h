@@ -1,0 +1,228 @@
+// Backend: what the model needs from a device. A backend owns device memory
+// and one stream; every operation is enqueued on that stream and runs in
+// enqueue order ("ordered execution"). Host code never dereferences a device
+// pointer: it uploads inputs, enqueues kernels, and downloads results with an
+// asynchronous copy that signals an Event.
+//
+// Each kernel is a launcher that takes a params struct of device pointers and
+// sizes (TensorRT-LLM style) and returns a Status for bad parameters. The CPU
+// backend runs kernels on a thread pool as they are enqueued (its events are
+// complete when returned); a CUDA backend implements the same launchers with
+// kernels and cuBLAS on a cudaStream, and its events are cudaEvents. The model
+// (model/llama_model.h) and the runner are written once against this.
+//
+// Thread-compatible: one thread (the worker's compute thread) drives a backend.
+#ifndef TANDEM_WORKER_BACKENDS_BACKEND_H_
+#define TANDEM_WORKER_BACKENDS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/gguf/gguf_file.h"
+#include "common/types.h"
+
+namespace tandem::worker {
+
+// Device memory. data() is a device address.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data());
+  }
+};
+
+// Completion of an asynchronous copy.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual absl::Status Wait() = 0;
+  virtual bool Done() = 0;
+};
+
+// A weight matrix in the backend's preferred layout: `rows` output features of
+// `cols` inputs each (ggml shape [cols, rows]). How it is stored (float32
+// dequantized at load, or quantized blocks) is the backend's choice.
+struct Weight {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::unique_ptr<DeviceBuffer> buffer;
+  int32_t format = 0;  // backend-specific storage format
+};
+
+// --- kernel parameters (device pointers unless noted) ---
+
+struct EmbeddingParams {
+  const Weight* table;         // [vocab rows, hidden cols]
+  const TokenId* ids;          // [num_tokens]
+  int32_t num_tokens;
+  float* out;                  // [num_tokens, hidden]
+};
+
+struct MatmulParams {
+  const float* x;              // [m, w->cols]
+  const Weight* w;
+  int64_t m;
+  float* y;                    // [m, w->rows]
+  bool accumulate = false;     // y += x W^T instead of y = x W^T
+};
+
+struct RmsNormParams {
+  const float* x;              // [rows, dim]
+  const float* weight;         // [dim]
+  float* out;                  // may equal x
+  int64_t rows;
+  int64_t dim;
+  float eps;
+};
+
+struct RopeParams {
+  float* q;                    // [num_tokens, num_heads * head_dim]
+  float* k;                    // [num_tokens, num_kv_heads * head_dim]
+  const int32_t* positions;    // [num_tokens]
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t rope_dim;            // leading dims of each head that rotate
+  float freq_base;
+  float freq_scale;            // linear scaling: position * freq_scale
+};
+
+// The paged KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim] each.
+struct KvCacheLayer {
+  float* k;
+  float* v;
+};
+
+struct WriteKvParams {
+  KvCacheLayer cache;
+  const float* k;              // [num_tokens, num_kv_heads * head_dim]
+  const float* v;
+  const int64_t* slots;        // [num_tokens]: block * block_size + offset
+  int32_t num_tokens;
+  int32_t kv_width;            // num_kv_heads * head_dim
+};
+
+struct AttentionParams {
+  KvCacheLayer cache;
+  const float* q;              // [num_tokens, num_heads * head_dim]
+  float* out;                  // [num_tokens, num_heads * head_dim]
+  const int32_t* query_start;  // [num_seqs + 1]: token range of each sequence
+  const int32_t* seq_lens;     // [num_seqs]: context length including this step's tokens
+  const int32_t* block_table_start;  // [num_seqs + 1] into block_tables
+  const BlockId* block_tables;
+  int32_t num_seqs;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t block_size;
+  float scale;
+};
+
+struct SiluMulParams {
+  const float* gate;           // [rows, dim]
+  const float* up;
+  float* out;                  // may equal gate
+  int64_t rows;
+  int64_t dim;
+};
+
+struct GatherRowsParams {
+  const float* x;              // [*, dim]
+  const int32_t* rows;         // [num_rows]
+  int32_t num_rows;
+  int64_t dim;
+  float* out;                  // [num_rows, dim]
+};
+
+// dst[dst_index[i]] = src[src_index[i]] for i < count; a null index means i.
+// Placeholder substitution is input_ids[target] = last_sampled[slot]; storing
+// a step's samples is last_sampled[slot] = sampled[i].
+struct CopyTokensParams {
+  TokenId* dst;
+  const int32_t* dst_index;
+  const TokenId* src;
+  const int32_t* src_index;
+  int32_t count;
+};
+
+// One row to sample: host-side description (parameters, history, mask).
+struct SamplingOptions {
+  float temperature = 1.0f;    // 0: greedy
+  float top_p = 1.0f;
+  int32_t top_k = 0;           // 0: off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t logprobs = -1;       // -1: none; n >= 0: the sampled token's plus top-n
+};
+
+struct SampleRow {
+  const SamplingOptions* options;
+  const TokenId* prompt = nullptr;   // host: for the repetition penalty
+  int32_t prompt_len = 0;
+  const TokenId* output = nullptr;   // host: tokens sampled so far (never placeholders)
+  int32_t output_len = 0;
+  const uint32_t* allowed = nullptr;  // host: grammar bitmask row, or null
+  // Keys this row's random draw: the same (key, position) gives the same
+  // draw whatever else is in the batch.
+  uint64_t rng_key = 0;
+  int32_t position = 0;              // index of the token being sampled
+};
+
+struct SampleParams {
+  const float* logits;         // device [num_rows, vocab]
+  int32_t num_rows;
+  int32_t vocab;
+  const SampleRow* rows;       // host [num_rows]
+  TokenId* tokens;             // device [num_rows]
+  float* logprobs;             // device [num_rows * (1 + max_top)] or null
+  TokenId* top_ids;            // device [num_rows * max_top] or null
+  int32_t max_top = 0;         // top-n slots per row in logprobs/top_ids
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int32_t num_threads() const = 0;
+
+  // --- memory and copies (stream-ordered) ---
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
+  virtual absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) = 0;
+  // Copies device memory to `dst` (host) once the stream reaches this point;
+  // the returned event completes when `dst` holds the data.
+  virtual absl::StatusOr<std::unique_ptr<Event>> DownloadAsync(const void* src, void* dst, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // Converts a GGUF tensor of `rows` x `cols` into the backend's weight layout.
+  virtual absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) = 0;
+  // Uploads a float32 vector (norm weights).
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> LoadVector(const gguf::GgufTensor& tensor) = 0;
+
+  // --- kernels (stream-ordered) ---
+  virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
+  virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  virtual absl::Status Rope(const RopeParams& p) = 0;
+  virtual absl::Status WriteKv(const WriteKvParams& p) = 0;
+  virtual absl::Status PagedAttention(const AttentionParams& p) = 0;
+  virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status GatherRows(const GatherRowsParams& p) = 0;
+  virtual absl::Status CopyTokens(const CopyTokensParams& p) = 0;
+  virtual absl::Status Sample(const SampleParams& p) = 0;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_BACKENDS_BACKEND_H_

@@ -1,0 +1,471 @@
+#include "worker/runner/model_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/sampling_rule.h"
+#include "common/status_macros.h"
+
+namespace tandem::worker {
+namespace {
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+absl::Status Mismatch(const std::string& what) {
+  return absl::DataLossError(absl::StrCat("step does not match the worker's state: ", what));
+}
+
+bool NeedsHistory(const SamplingOptions& o) {
+  return o.repetition_penalty != 1.0f || o.frequency_penalty != 0.0f || o.presence_penalty != 0.0f;
+}
+
+}  // namespace
+
+SamplingOptions ToSamplingOptions(const v1::SamplingParams& p) {
+  SamplingOptions o;
+  o.temperature = p.temperature();
+  o.top_p = p.top_p() > 0.0f ? p.top_p() : 1.0f;
+  o.top_k = p.top_k();
+  o.min_p = p.min_p();
+  o.presence_penalty = p.presence_penalty();
+  o.frequency_penalty = p.frequency_penalty();
+  o.repetition_penalty = p.repetition_penalty() > 0.0f ? p.repetition_penalty() : 1.0f;
+  o.logprobs = p.logprobs();
+  return o;
+}
+
+ModelRunner::ModelRunner(Backend* backend, LlamaModel* model, ModelRunnerOptions options)
+    : backend_(backend), model_(model), options_(options) {
+  TANDEM_CHECK(options_.communicator != nullptr || (model->is_first_stage() && model->is_last_stage()))
+      << "a pipeline stage needs a communicator";
+}
+
+absl::Status ModelRunner::EnsureCapacity(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes, bool keep) {
+  if (buffer != nullptr && buffer->size() >= bytes) return absl::OkStatus();
+  const size_t grown = std::max<size_t>({bytes, 256, buffer ? 2 * buffer->size() : 0});
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> fresh, backend_->Allocate(grown));
+  if (keep && buffer != nullptr) TANDEM_RETURN_IF_ERROR(backend_->CopyOnDevice(fresh->data(), buffer->data(), buffer->size()));
+  buffer = std::move(fresh);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> ModelRunner::CreateSlot(RequestId id) {
+  if (index_.contains(id)) return Mismatch(absl::StrCat("request ", id, " is already live"));
+  int32_t index;
+  if (free_slots_.empty()) {
+    index = static_cast<int32_t>(slots_.size());
+    slots_.emplace_back();
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(last_sampled_, slots_.size() * sizeof(TokenId), /*keep=*/true));
+  } else {
+    index = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  Slot& slot = slots_[index];
+  const uint32_t generation = slot.generation;
+  slot = Slot();
+  slot.id = id;
+  slot.generation = generation;
+  index_[id] = index;
+  return index;
+}
+
+void ModelRunner::FreeSlot(RequestId id) {
+  auto it = index_.find(id);
+  if (it == index_.end()) return;  // finished before the worker saw it, or already gone
+  Slot& slot = slots_[it->second];
+  ++slot.generation;  // rows of steps in flight no longer resolve to it
+  slot.id = -1;
+  slot.tokens.clear();
+  slot.blocks.clear();
+  free_slots_.push_back(it->second);
+  index_.erase(it);
+}
+
+absl::Status ModelRunner::SetBlocks(Slot& slot, const int32_t* ids, int32_t count, bool replace) {
+  if (replace) slot.blocks.clear();
+  for (int32_t i = 0; i < count; ++i) {
+    if (ids[i] <= 0 || ids[i] >= model_->num_kv_blocks()) {
+      return Mismatch(absl::StrCat("request ", slot.id, " was given block ", ids[i], " of a cache with ",
+                                   model_->num_kv_blocks(), " blocks"));
+    }
+    slot.blocks.push_back(ids[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
+  for (int64_t id : step.finished_request_ids()) FreeSlot(id);
+  for (int64_t id : step.preempted_request_ids()) FreeSlot(id);
+  auto init = [&](int32_t index, std::vector<TokenId> tokens, int32_t num_prompt, int32_t computed,
+                  const v1::SamplingParams& sampling) -> absl::Status {
+    Slot& slot = slots_[index];
+    if (tokens.empty() || num_prompt < 1 || num_prompt > static_cast<int32_t>(tokens.size()) || computed < 0 ||
+        computed >= static_cast<int32_t>(tokens.size())) {
+      return Mismatch(absl::StrCat("request ", slot.id, " arrives with inconsistent token counts"));
+    }
+    slot.total_len = static_cast<int32_t>(tokens.size());
+    slot.tokens = std::move(tokens);
+    slot.num_prompt_tokens = num_prompt;
+    slot.num_computed = computed;
+    slot.options = ToSamplingOptions(sampling);
+    slot.rng_key = sampling.has_seed() ? Mix(sampling.seed()) : Mix(options_.unseeded_rng_key + slot.id);
+    return absl::OkStatus();
+  };
+  for (const v1::NewRequest& r : step.new_requests()) {
+    TANDEM_ASSIGN_OR_RETURN(int32_t index, CreateSlot(r.request_id()));
+    std::vector<TokenId> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+    const int32_t num_prompt = static_cast<int32_t>(prompt.size());
+    TANDEM_RETURN_IF_ERROR(init(index, std::move(prompt), num_prompt, r.num_computed_tokens(), r.sampling()));
+    TANDEM_RETURN_IF_ERROR(SetBlocks(slots_[index], r.block_ids().data(), r.block_ids_size(), true));
+  }
+  const v1::CachedRequests& c = step.cached_requests();
+  if (c.resumed_size() != c.request_ids_size() || c.num_computed_tokens_size() != c.request_ids_size() ||
+      c.num_new_block_ids_size() != c.request_ids_size()) {
+    return Mismatch("cached request lists differ in length");
+  }
+  int32_t block_offset = 0;
+  int32_t resumed_index = 0;
+  for (int i = 0; i < c.request_ids_size(); ++i) {
+    const RequestId id = c.request_ids(i);
+    const int32_t count = c.num_new_block_ids(i);
+    if (count < 0 || block_offset + count > c.new_block_ids_size()) return Mismatch("block counts do not add up");
+    const int32_t* blocks = c.new_block_ids().data() + block_offset;
+    block_offset += count;
+    if (c.resumed(i)) {
+      if (resumed_index >= c.resumed_token_ids_size() || resumed_index >= c.resumed_sampling_size() ||
+          resumed_index >= c.resumed_num_prompt_tokens_size()) {
+        return Mismatch("a resumed request without its tokens");
+      }
+      FreeSlot(id);
+      TANDEM_ASSIGN_OR_RETURN(int32_t index, CreateSlot(id));
+      const auto& ids = c.resumed_token_ids(resumed_index).token_ids();
+      TANDEM_RETURN_IF_ERROR(init(index, std::vector<TokenId>(ids.begin(), ids.end()),
+                                  c.resumed_num_prompt_tokens(resumed_index), c.num_computed_tokens(i),
+                                  c.resumed_sampling(resumed_index)));
+      ++resumed_index;
+      TANDEM_RETURN_IF_ERROR(SetBlocks(slots_[index], blocks, count, true));
+      continue;
+    }
+    auto it = index_.find(id);
+    if (it == index_.end()) return Mismatch(absl::StrCat("request ", id, " is not live on this worker"));
+    Slot& slot = slots_[it->second];
+    if (slot.num_computed != c.num_computed_tokens(i)) {
+      return Mismatch(absl::StrCat("request ", id, ": the worker computed ", slot.num_computed,
+                                   " tokens, the scheduler says ", c.num_computed_tokens(i)));
+    }
+    TANDEM_RETURN_IF_ERROR(SetBlocks(slot, blocks, count, false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
+  if (last_stage() && !pending_.empty() && !pending_.back().sampled) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step.step_seq(), " executed before step ",
+                                                      pending_.back().seq, " was sampled"));
+  }
+  if (step.scheduled_request_ids_size() != step.num_scheduled_tokens_size()) {
+    return Mismatch("scheduled lists differ in length");
+  }
+  TANDEM_RETURN_IF_ERROR(ApplyDiff(step));
+  const int32_t block_size = options_.block_size;
+  std::vector<TokenId> ids;
+  std::vector<int32_t> positions, query_start{0}, seq_lens, table_start{0}, logits_rows, targets, target_slots;
+  std::vector<int64_t> kv_slots;
+  std::vector<BlockId> tables;
+  PendingStep pending;
+  pending.seq = step.step_seq();
+  IncomingTokens incoming{step.step_seq(), {}};
+  uint64_t needed_tokens = 0;  // newest step whose sample this step's inputs need
+  for (int i = 0; i < step.scheduled_request_ids_size(); ++i) {
+    const RequestId id = step.scheduled_request_ids(i);
+    const int32_t n = step.num_scheduled_tokens(i);
+    auto it = index_.find(id);
+    if (it == index_.end() || n <= 0) return Mismatch(absl::StrCat("scheduled request ", id, " is unknown or empty"));
+    Slot& slot = slots_[it->second];
+    const int32_t start = slot.num_computed;
+    if (start + n > slot.total_len) {
+      return absl::FailedPreconditionError(absl::StrCat("request ", id, ": positions up to ", start + n - 1,
+                                                        " scheduled, but it has ", slot.total_len, " tokens"));
+    }
+    const bool samples = StepSamples(start, n, slot.total_len);
+    for (int32_t p = start; p < start + n; ++p) {
+      if (!first_stage()) {
+        ids.push_back(0);  // later stages take hidden states, not ids
+      } else if (p == slot.total_len - 1 && slot.last_sampled_valid) {
+        // The token this group sampled last: filled in on the device.
+        targets.push_back(static_cast<int32_t>(ids.size()));
+        target_slots.push_back(it->second);
+        ids.push_back(-1);
+        needed_tokens = std::max(needed_tokens, slot.last_sample_step);
+      } else if (p < static_cast<int32_t>(slot.tokens.size())) {
+        ids.push_back(slot.tokens[p]);
+      } else {
+        return absl::FailedPreconditionError(absl::StrCat("request ", id, ": no token for position ", p));
+      }
+      if (p / block_size >= static_cast<int32_t>(slot.blocks.size())) {
+        return Mismatch(absl::StrCat("request ", id, " has no block for position ", p));
+      }
+      positions.push_back(p);
+      kv_slots.push_back(int64_t{slot.blocks[p / block_size]} * block_size + p % block_size);
+    }
+    query_start.push_back(static_cast<int32_t>(ids.size()));
+    seq_lens.push_back(start + n);
+    tables.insert(tables.end(), slot.blocks.begin(), slot.blocks.end());
+    table_start.push_back(static_cast<int32_t>(tables.size()));
+    int32_t logits_row = -1;
+    if (samples) {
+      logits_row = static_cast<int32_t>(logits_rows.size());
+      logits_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      incoming.slots.emplace_back(it->second, slot.generation);
+    }
+    pending.rows.push_back({id, it->second, slot.generation, samples, logits_row, slot.total_len});
+    slot.num_computed += n;
+    if (samples) {
+      // The token exists for the group from now on; its id follows.
+      ++slot.total_len;
+      slot.last_sampled_valid = true;
+      slot.last_sample_step = step.step_seq();
+    }
+  }
+  if (ids.empty()) return Mismatch("a step with no tokens");
+  if (first_stage() && needed_tokens > 0 && !last_stage()) TANDEM_RETURN_IF_ERROR(ReceiveTokensThrough(needed_tokens));
+
+  auto upload = [&](std::unique_ptr<DeviceBuffer>& buffer, const auto& host) -> absl::Status {
+    const size_t bytes = host.size() * sizeof(host[0]);
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(buffer, bytes, false));
+    return bytes == 0 ? absl::OkStatus() : backend_->Upload(*buffer, 0, host.data(), bytes);
+  };
+  TANDEM_RETURN_IF_ERROR(upload(input_ids_, ids));
+  TANDEM_RETURN_IF_ERROR(upload(positions_, positions));
+  TANDEM_RETURN_IF_ERROR(upload(kv_slots_, kv_slots));
+  TANDEM_RETURN_IF_ERROR(upload(query_start_, query_start));
+  TANDEM_RETURN_IF_ERROR(upload(seq_lens_, seq_lens));
+  TANDEM_RETURN_IF_ERROR(upload(block_table_start_, table_start));
+  TANDEM_RETURN_IF_ERROR(upload(block_tables_, tables));
+  TANDEM_RETURN_IF_ERROR(upload(logits_rows_, logits_rows));
+  if (first_stage() && !targets.empty()) {
+    TANDEM_RETURN_IF_ERROR(upload(sub_targets_, targets));
+    TANDEM_RETURN_IF_ERROR(upload(sub_slots_, target_slots));
+    TANDEM_RETURN_IF_ERROR(backend_->CopyTokens({input_ids_->as<TokenId>(), sub_targets_->as<int32_t>(),
+                                                 last_sampled_->as<TokenId>(), sub_slots_->as<int32_t>(),
+                                                 static_cast<int32_t>(targets.size())}));
+  }
+  const int32_t vocab = model_->config().vocab_size;
+  const size_t hidden_bytes = ids.size() * model_->config().hidden_size * sizeof(float);
+  if (last_stage()) TANDEM_RETURN_IF_ERROR(EnsureCapacity(logits_, logits_rows.size() * vocab * sizeof(float), false));
+  if (!first_stage()) {
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(hidden_in_, hidden_bytes, false));
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Recv(options_.communicator->rank() - 1, hidden_in_->data(), hidden_bytes,
+                                                       options_.peer_timeout));
+  }
+  if (!last_stage()) TANDEM_RETURN_IF_ERROR(EnsureCapacity(hidden_out_, hidden_bytes, false));
+
+  ForwardInputs in;
+  in.input_ids = input_ids_->as<TokenId>();
+  in.positions = positions_->as<int32_t>();
+  in.kv_slots = kv_slots_->as<int64_t>();
+  in.num_tokens = static_cast<int32_t>(ids.size());
+  in.query_start = query_start_->as<int32_t>();
+  in.seq_lens = seq_lens_->as<int32_t>();
+  in.block_table_start = block_table_start_->as<int32_t>();
+  in.block_tables = block_tables_->as<BlockId>();
+  in.num_seqs = static_cast<int32_t>(seq_lens.size());
+  in.logits_rows = logits_rows_->as<int32_t>();
+  in.num_logits_rows = static_cast<int32_t>(logits_rows.size());
+  TANDEM_RETURN_IF_ERROR(model_->Forward(in, first_stage() ? nullptr : hidden_in_->as<float>(),
+                                         last_stage() ? nullptr : hidden_out_->as<float>(),
+                                         last_stage() ? logits_->as<float>() : nullptr));
+  if (!last_stage()) {
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Send(options_.communicator->rank() + 1, hidden_out_->data(), hidden_bytes));
+    if (first_stage() && !incoming.slots.empty()) incoming_.push_back(std::move(incoming));
+    return absl::OkStatus();
+  }
+  pending_.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::ReceiveTokensThrough(uint64_t seq) {
+  while (!incoming_.empty() && incoming_.front().seq <= seq) {
+    IncomingTokens& next = incoming_.front();
+    const int32_t rows = static_cast<int32_t>(next.slots.size());
+    const size_t bytes = sizeof(uint64_t) + rows * sizeof(TokenId);
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_message_, bytes, false));
+    TANDEM_RETURN_IF_ERROR(options_.communicator->Recv(options_.communicator->world_size() - 1,
+                                                       token_message_->data(), bytes, options_.peer_timeout));
+    uint64_t got = 0;
+    TANDEM_ASSIGN_OR_RETURN(auto copied, backend_->DownloadAsync(token_message_->data(), &got, sizeof(got)));
+    TANDEM_RETURN_IF_ERROR(copied->Wait());
+    if (got != next.seq) {
+      return absl::DataLossError(absl::StrCat("expected the sampled ids of step ", next.seq, ", got step ", got));
+    }
+    // Rows whose request finished meanwhile are skipped: their slot may be reused.
+    std::vector<int32_t> dst, src;
+    for (int32_t r = 0; r < rows; ++r) {
+      if (slots_[next.slots[r].first].generation != next.slots[r].second) continue;
+      dst.push_back(next.slots[r].first);
+      src.push_back(r);
+    }
+    if (!dst.empty()) {
+      TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_slots_, dst.size() * sizeof(int32_t), false));
+      TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_rows_, src.size() * sizeof(int32_t), false));
+      TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_slots_, 0, dst.data(), dst.size() * sizeof(int32_t)));
+      TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_rows_, 0, src.data(), src.size() * sizeof(int32_t)));
+      const auto* tokens = reinterpret_cast<const TokenId*>(token_message_->as<char>() + sizeof(uint64_t));
+      TANDEM_RETURN_IF_ERROR(backend_->CopyTokens({last_sampled_->as<TokenId>(), token_slots_->as<int32_t>(), tokens,
+                                                   token_rows_->as<int32_t>(), static_cast<int32_t>(dst.size())}));
+    }
+    incoming_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::SendTokensToFirstStage(uint64_t seq, int32_t num_rows) {
+  const size_t bytes = sizeof(uint64_t) + num_rows * sizeof(TokenId);
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_message_, bytes, false));
+  TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_message_, 0, &seq, sizeof(seq)));
+  TANDEM_RETURN_IF_ERROR(backend_->CopyOnDevice(token_message_->as<char>() + sizeof(uint64_t), sampled_->data(),
+                                                num_rows * sizeof(TokenId)));
+  return options_.communicator->Send(0, token_message_->data(), bytes);
+}
+
+absl::Status ModelRunner::Absorb(PendingStep& step) {
+  if (step.absorbed) return absl::OkStatus();
+  if (step.copied != nullptr) TANDEM_RETURN_IF_ERROR(step.copied->Wait());
+  for (const Row& row : step.rows) {
+    if (!row.samples) continue;
+    Slot& slot = slots_[row.slot];
+    if (slot.generation != row.generation) continue;  // finished or preempted meanwhile
+    slot.tokens.push_back(step.tokens[row.logits_row]);
+  }
+  step.absorbed = true;
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
+  if (!last_stage()) return absl::FailedPreconditionError("only the last pipeline stage samples");
+  auto it = std::find_if(pending_.begin(), pending_.end(), [](const PendingStep& p) { return !p.sampled; });
+  if (it == pending_.end() || it->seq != command.step_seq()) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", command.step_seq(), " is not awaiting sampling"));
+  }
+  PendingStep& step = *it;
+  const int32_t vocab = model_->config().vocab_size;
+  const v1::GrammarBitmask& grammar = command.grammar();
+  if (grammar.request_ids_size() > 0 &&
+      (grammar.words_per_row() * 32 < vocab ||
+       grammar.bitmask_size() != grammar.request_ids_size() * grammar.words_per_row())) {
+    return Mismatch("the grammar bitmask does not cover the vocabulary");
+  }
+  std::vector<SampleRow> rows;
+  std::vector<int32_t> row_slots;
+  bool needs_history = false;
+  for (const Row& row : step.rows) needs_history |= row.samples && NeedsHistory(slots_[row.slot].options);
+  if (needs_history) {
+    for (auto earlier = pending_.begin(); earlier != it; ++earlier) TANDEM_RETURN_IF_ERROR(Absorb(*earlier));
+  }
+  for (const Row& row : step.rows) {
+    if (!row.samples) continue;
+    const Slot& slot = slots_[row.slot];
+    TANDEM_CHECK(slot.generation == row.generation) << "a slot was freed between execute and sample";
+    SampleRow s;
+    s.options = &slot.options;
+    s.prompt = slot.tokens.data();
+    s.prompt_len = slot.num_prompt_tokens;
+    s.output = slot.tokens.data() + slot.num_prompt_tokens;
+    s.output_len = static_cast<int32_t>(slot.tokens.size()) - slot.num_prompt_tokens;
+    for (int g = 0; g < grammar.request_ids_size(); ++g) {
+      if (grammar.request_ids(g) == row.id) s.allowed = grammar.bitmask().data() + g * grammar.words_per_row();
+    }
+    s.rng_key = slot.rng_key;
+    s.position = row.position;
+    rows.push_back(s);
+    row_slots.push_back(row.slot);
+    step.max_top = std::max(step.max_top, slot.options.logprobs);
+    step.row_logprobs.push_back(slot.options.logprobs);
+  }
+  step.sampled = true;
+  const int32_t num_rows = static_cast<int32_t>(rows.size());
+  if (num_rows == 0) {
+    step.absorbed = true;
+    return absl::OkStatus();
+  }
+  const bool with_logprobs = step.max_top >= 0;
+  const int32_t max_top = std::max(0, step.max_top);
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_, num_rows * sizeof(TokenId), false));
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_slots_, num_rows * sizeof(int32_t), false));
+  if (with_logprobs) {
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(logprobs_, num_rows * (1 + max_top) * sizeof(float), false));
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(top_ids_, std::max(1, num_rows * max_top) * sizeof(TokenId), false));
+  }
+  SampleParams params;
+  params.logits = logits_->as<float>();
+  params.num_rows = num_rows;
+  params.vocab = vocab;
+  params.rows = rows.data();
+  params.tokens = sampled_->as<TokenId>();
+  params.logprobs = with_logprobs ? logprobs_->as<float>() : nullptr;
+  params.top_ids = with_logprobs ? top_ids_->as<TokenId>() : nullptr;
+  params.max_top = max_top;
+  TANDEM_RETURN_IF_ERROR(backend_->Sample(params));
+  if (first_stage()) {
+    // The samples stay on the device for the next step's inputs.
+    TANDEM_RETURN_IF_ERROR(backend_->Upload(*sampled_slots_, 0, row_slots.data(), num_rows * sizeof(int32_t)));
+    TANDEM_RETURN_IF_ERROR(backend_->CopyTokens(
+        {last_sampled_->as<TokenId>(), sampled_slots_->as<int32_t>(), sampled_->as<TokenId>(), nullptr, num_rows}));
+  } else {
+    TANDEM_RETURN_IF_ERROR(SendTokensToFirstStage(step.seq, num_rows));  // worker to worker
+  }
+  step.tokens.resize(num_rows);
+  if (with_logprobs) {
+    step.logprobs.resize(num_rows * (1 + max_top));
+    step.top_ids.resize(num_rows * max_top);
+    TANDEM_ASSIGN_OR_RETURN(step.copied, backend_->DownloadAsync(logprobs_->data(), step.logprobs.data(),
+                                                                 step.logprobs.size() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(step.copied, backend_->DownloadAsync(top_ids_->data(), step.top_ids.data(),
+                                                                 step.top_ids.size() * sizeof(TokenId)));
+  }
+  // Issued last: when this copy is complete, so are the ones before it.
+  TANDEM_ASSIGN_OR_RETURN(step.copied,
+                          backend_->DownloadAsync(sampled_->data(), step.tokens.data(), num_rows * sizeof(TokenId)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ModelRunnerOutput> ModelRunner::CollectOutput(uint64_t step_seq) {
+  if (pending_.empty() || pending_.front().seq != step_seq || !pending_.front().sampled) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step_seq, " has no output to collect"));
+  }
+  PendingStep& step = pending_.front();
+  TANDEM_RETURN_IF_ERROR(Absorb(step));
+  v1::ModelRunnerOutput out;
+  out.set_step_seq(step.seq);
+  const bool with_logprobs = step.max_top >= 0;
+  for (const Row& row : step.rows) {
+    out.add_request_ids(row.id);
+    out.add_num_sampled(row.samples ? 1 : 0);
+    v1::TokenLogprobs* lp = with_logprobs ? out.add_logprobs() : nullptr;
+    if (!row.samples) continue;
+    out.add_sampled_token_ids(step.tokens[row.logits_row]);
+    const int32_t wanted = step.row_logprobs[row.logits_row];
+    if (lp == nullptr || wanted < 0) continue;
+    const int32_t stride = 1 + step.max_top;
+    lp->add_sampled_logprobs(step.logprobs[row.logits_row * stride]);
+    for (int32_t i = 0; i < wanted; ++i) {
+      lp->add_top_token_ids(step.top_ids[row.logits_row * step.max_top + i]);
+      lp->add_top_logprobs(step.logprobs[row.logits_row * stride + 1 + i]);
+    }
+  }
+  pending_.pop_front();
+  return out;
+}
+
+std::vector<TokenId> ModelRunner::HostTokens(RequestId id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? std::vector<TokenId>{} : slots_[it->second].tokens;
+}
+
+}  // namespace tandem::worker

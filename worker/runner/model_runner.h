@@ -1,0 +1,143 @@
+// ModelRunner: the worker's side of the step protocol (ARCHITECTURE §6) for
+// one pipeline stage. It keeps a persistent batch: one slot per live
+// request (token history, block table, sampling state, a generation counter
+// so that a late result never lands in a reused slot) and applies each
+// SchedulerOutput as a diff.
+//
+// Placeholder substitution: after sampling, each row's token stays in the
+// device buffer last_sampled[slot]. When a later step computes that token's
+// position, the runner copies last_sampled[slot] into the input ids on the
+// device; the scheduler never sends it, and the host may not know it yet.
+// Which rows sample is decided by common/sampling_rule.h, the scheduler's
+// own rule.
+//
+// Call order, per step k: Execute(k), Sample(k), CollectOutput(k), with
+// Sample(k) before Execute(k+1) (a decode row of step k+1 needs step k's
+// sample). Tokens reach the host history when their copy completes; rows that
+// apply penalties wait for earlier copies first.
+//
+// Pipeline parallelism (ARCHITECTURE §7): every stage applies every step's
+// diff and computes the same positions and block tables. Stage r > 0 receives
+// the step's hidden states from r - 1; stage r < last sends its own to r + 1.
+// Only the last stage samples (Sample, CollectOutput); it sends each step's
+// sampled ids straight to stage 0, which writes them into last_sampled and
+// waits for them only when a decode row needs one.
+//
+// Thread-compatible: the worker's compute thread.
+#ifndef TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_
+#define TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "tandem/v1/step.pb.h"
+#include "worker/backends/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/llama_model.h"
+
+namespace tandem::worker {
+
+struct ModelRunnerOptions {
+  int32_t block_size = 16;
+  // Key of the random draws of requests without a seed.
+  uint64_t unseeded_rng_key = 0x9e3779b97f4a7c15ULL;
+  // Pipeline stages only: the group's communicator (not owned) and how long
+  // to wait for a peer's data before failing the step.
+  Communicator* communicator = nullptr;
+  absl::Duration peer_timeout = absl::Seconds(30);
+};
+
+class ModelRunner {
+ public:
+  // `model` must have its KV cache allocated; both must outlive the runner.
+  ModelRunner(Backend* backend, LlamaModel* model, ModelRunnerOptions options);
+
+  absl::Status Execute(const v1::SchedulerOutput& step);
+  absl::Status Sample(const v1::SampleCommand& command);
+  absl::StatusOr<v1::ModelRunnerOutput> CollectOutput(uint64_t step_seq);
+
+  size_t num_live_requests() const { return index_.size(); }
+  // The tokens the host knows for a live request (tests).
+  std::vector<TokenId> HostTokens(RequestId id) const;
+
+ private:
+  struct Slot {
+    RequestId id = -1;
+    uint32_t generation = 0;
+    std::vector<TokenId> tokens;  // host: prompt + outputs whose copies completed
+    int32_t num_prompt_tokens = 0;
+    int32_t total_len = 0;        // prompt + every token sampled or being sampled for it
+    int32_t num_computed = 0;
+    bool last_sampled_valid = false;
+    uint64_t last_sample_step = 0;  // the step whose sample is last_sampled
+    std::vector<BlockId> blocks;
+    SamplingOptions options;
+    uint64_t rng_key = 0;
+  };
+  struct Row {
+    RequestId id;
+    int32_t slot;
+    uint32_t generation;
+    bool samples;
+    int32_t logits_row;  // -1 when not sampling
+    int32_t position;    // index of the token it samples
+  };
+  // A step whose sampled ids stage 0 expects from the last stage.
+  struct IncomingTokens {
+    uint64_t seq;
+    std::vector<std::pair<int32_t, uint32_t>> slots;  // (slot, generation) per sampling row
+  };
+  struct PendingStep {
+    uint64_t seq = 0;
+    std::vector<Row> rows;
+    bool sampled = false;
+    bool absorbed = false;
+    std::vector<TokenId> tokens;       // per logits row, once copied
+    std::vector<float> logprobs;       // per logits row: 1 + max_top
+    std::vector<TokenId> top_ids;      // per logits row: max_top
+    int32_t max_top = -1;              // -1: no row asked for logprobs
+    std::vector<int32_t> row_logprobs; // per logits row: requested top-n, -1 none
+    std::unique_ptr<Event> copied;
+  };
+
+  absl::Status ApplyDiff(const v1::SchedulerOutput& step);
+  absl::StatusOr<int32_t> CreateSlot(RequestId id);
+  void FreeSlot(RequestId id);
+  absl::Status SetBlocks(Slot& slot, const int32_t* ids, int32_t count, bool replace);
+  absl::Status EnsureCapacity(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes, bool keep);
+  absl::Status Absorb(PendingStep& step);
+  bool first_stage() const { return model_->is_first_stage(); }
+  bool last_stage() const { return model_->is_last_stage(); }
+  // Stage 0 of a pipeline: receives the last stage's sampled ids in step
+  // order up to step `seq` and stores them in last_sampled.
+  absl::Status ReceiveTokensThrough(uint64_t seq);
+  absl::Status SendTokensToFirstStage(uint64_t seq, int32_t num_rows);
+
+  Backend* const backend_;
+  LlamaModel* const model_;
+  const ModelRunnerOptions options_;
+
+  std::vector<Slot> slots_;
+  std::vector<int32_t> free_slots_;
+  absl::flat_hash_map<RequestId, int32_t> index_;
+  std::deque<PendingStep> pending_;          // last stage
+  std::deque<IncomingTokens> incoming_;      // stage 0 of a pipeline
+
+  // Device buffers, grown as needed.
+  std::unique_ptr<DeviceBuffer> last_sampled_;  // [slots]
+  std::unique_ptr<DeviceBuffer> input_ids_, positions_, kv_slots_, query_start_, seq_lens_,
+      block_table_start_, block_tables_, logits_rows_, sub_targets_, sub_slots_;
+  std::unique_ptr<DeviceBuffer> logits_, sampled_, sampled_slots_, logprobs_, top_ids_;
+  std::unique_ptr<DeviceBuffer> hidden_in_, hidden_out_, token_message_, token_slots_, token_rows_;
+};
+
+// Sampling options of the worker from the wire.
+SamplingOptions ToSamplingOptions(const v1::SamplingParams& params);
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_

@@ -1,0 +1,52 @@
+#include "worker/server/grpc/grpc_scheduler_link.h"
+
+namespace tandem::worker {
+
+GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server) : server_(server) {
+  context_.set_wait_for_ready(true);
+  stub->async()->Session(&context_, this);
+  StartRead(&in_);
+  StartCall();
+}
+
+void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return;
+  out_.push_back(message);
+  if (!writing_) {
+    writing_ = true;
+    StartWrite(&out_.front());
+  }
+}
+
+void GrpcSchedulerLink::OnReadDone(bool ok) {
+  if (!ok) return;  // the stream is ending; OnDone follows
+  server_->OnMessage(std::move(in_));
+  in_.Clear();
+  StartRead(&in_);
+}
+
+void GrpcSchedulerLink::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out_.pop_front();
+  if (ok && !out_.empty()) {
+    StartWrite(&out_.front());
+  } else {
+    writing_ = false;
+  }
+}
+
+void GrpcSchedulerLink::OnDone(const grpc::Status& status) {
+  server_->OnDisconnected(status.ok() ? "the scheduler closed the stream" : status.error_message());
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  done_cv_.notify_all();
+}
+
+void GrpcSchedulerLink::Shutdown() {
+  context_.TryCancel();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return done_; });
+}
+
+}  // namespace tandem::worker
