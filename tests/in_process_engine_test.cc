@@ -275,7 +275,7 @@ TEST(InProcessEngineTest, KvBlocksFitTheBudget) {
   options.kv_cache_bytes = int64_t{8} << 20;
   auto engine = MakeEngine(options);
   EXPECT_EQ(engine->num_kv_blocks(), (int64_t{8} << 20) / engine->kv_bytes_per_block());
-  EXPECT_EQ(engine->engine_config().num_gpu_blocks, engine->num_kv_blocks());
+  EXPECT_EQ(engine->engine_config().num_kv_blocks, engine->num_kv_blocks());
   InProcessEngineOptions tiny = TestOptions();
   tiny.kv_cache_bytes = 1000;
   auto refused = InProcessEngine::Create(tiny);

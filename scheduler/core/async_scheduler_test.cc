@@ -57,7 +57,7 @@ TEST_P(StopByMaxTokensTest, SchedulesExactlyWhatSyncWould) {
   EXPECT_EQ(CountTokens(outputs[1]), max_tokens);
   EXPECT_EQ(outputs[0].back().finish_reason, FinishReason::kLength);
   EXPECT_EQ(total, 2 * (10 + max_tokens - 1));
-  EXPECT_EQ(scheduler->stats().num_wasted_steps, 0);
+  EXPECT_EQ(scheduler->stats().num_wasted_rows, 0);
 }
 
 // 20, 22, 24, 28 tokens in total (spec §9.1).
@@ -242,7 +242,7 @@ TEST(AsyncSchedulerTest, PipelineCadenceDelaysTheNextDecode) {
 // scheduled in the step that preempted; it gets its block one step later.
 TEST(AsyncSchedulerTest, KvPressurePreemptionDeliversStaleOutput) {
   EngineConfig config = VllmTestConfig();
-  config.num_gpu_blocks = 5;
+  config.num_kv_blocks = 5;
   config.max_model_len = 64;
   auto scheduler = MakeScheduler(config);
   ASSERT_TRUE(scheduler->AddRequest(MakeRequest(0, 32, 8)).ok());  // decoder
@@ -281,7 +281,7 @@ TEST(AsyncSchedulerTest, KvPressurePreemptionDeliversStaleOutput) {
 TEST(AsyncSchedulerTest, KvPressurePreemptionWithInFlightOutputIsLossless) {
   EngineConfig config = VllmTestConfig();
   config.pipeline_parallel_size = 3;
-  config.num_gpu_blocks = 5;
+  config.num_kv_blocks = 5;
   config.max_num_batched_tokens = 512;
   config.max_model_len = 64;
   std::vector<Arrival> arrivals;
@@ -324,7 +324,7 @@ TEST_P(QueueDepthTest, LengthCappedRequestWastesNothing) {
     testing::WorkloadRun run = testing::RunWorkload(config, std::move(arrivals), {});
     EXPECT_EQ(run.results[0].tokens.size(), static_cast<size_t>(max_tokens));
     EXPECT_EQ(run.results[0].finish, FinishReason::kLength);
-    EXPECT_EQ(run.stats.num_wasted_steps, 0) << "depth " << GetParam() << " max_tokens " << max_tokens;
+    EXPECT_EQ(run.stats.num_wasted_rows, 0) << "depth " << GetParam() << " max_tokens " << max_tokens;
     EXPECT_EQ(run.stats.num_scheduled_tokens, 6 + max_tokens - 1);
   }
 }
@@ -343,7 +343,7 @@ TEST_P(QueueDepthTest, StopTokenWastesDepthMinusOneSteps) {
   testing::WorkloadRun run = testing::RunWorkload(config, std::move(arrivals), options);
   EXPECT_EQ(run.results[0].tokens.size(), 3u);
   EXPECT_EQ(run.results[0].finish, FinishReason::kStop);
-  EXPECT_EQ(run.stats.num_wasted_steps, depth - 1);
+  EXPECT_EQ(run.stats.num_wasted_rows, depth - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Depths, QueueDepthTest, ::testing::Values(2, 3, 4));

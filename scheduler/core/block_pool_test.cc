@@ -24,7 +24,7 @@ using ::testing::IsEmpty;
 EngineConfig CachingConfig(int32_t num_blocks = 11) {
   EngineConfig config;
   config.block_size = 16;
-  config.num_gpu_blocks = num_blocks;
+  config.num_kv_blocks = num_blocks;
   config.max_model_len = 160;
   config.enable_prefix_caching = true;
   return config;

@@ -135,7 +135,7 @@ TEST_F(DeferredFreeTest, FinishDefersFreeUntilInFlightStepDone) {
   EXPECT_TRUE(UpdateOldest().empty());  // step 2's work for it is wasted
   EXPECT_TRUE(Deferred().empty());
   EXPECT_EQ(FreeBlocks(), initial_free_);
-  EXPECT_EQ(scheduler_->stats().num_wasted_steps, 1);
+  EXPECT_EQ(scheduler_->stats().num_wasted_rows, 1);
 }
 
 TEST_F(DeferredFreeTest, FinishFreesImmediatelyWhenNoInFlightStep) {
@@ -171,7 +171,7 @@ TEST_F(DeferredFreeTest, AbortDefersFree) {
 // and 2 are in flight. Depth 3 lets the third step be planned.
 TEST_F(DeferredFreeTest, PreemptDefersFreeAndClearsBookkeeping) {
   EngineConfig config = VllmTestConfig();
-  config.num_gpu_blocks = 7;
+  config.num_kv_blocks = 7;
   config.max_model_len = 96;
   config.batch_queue_depth = 3;
   Start(config);
@@ -344,7 +344,7 @@ TEST_F(DeferredFreeTest, NonAsyncAbortDefersViaLastSchedSeq) {
 // tokens) one each, 1 block is free; request 0's next chunk needs 2.
 TEST_F(DeferredFreeTest, NoPreemptionCascadeOnDeferredVictim) {
   EngineConfig config = VllmTestConfig();
-  config.num_gpu_blocks = 7;
+  config.num_kv_blocks = 7;
   config.max_model_len = 96;
   config.long_prefill_token_threshold = 32;
   Start(config);

@@ -17,16 +17,16 @@ int32_t EngineConfig::EffectiveQueueDepth() const {
 }
 
 int32_t EngineConfig::WatermarkBlocks() const {
-  return static_cast<int32_t>(watermark * (num_gpu_blocks - 1));
+  return static_cast<int32_t>(watermark * (num_kv_blocks - 1));
 }
 
 absl::Status EngineConfig::Validate() const {
   if (block_size < 1 || (block_size & (block_size - 1)) != 0) {
     return Bad("block_size", absl::StrCat("must be a power of two, got ", block_size));
   }
-  if (num_gpu_blocks < 2) {
-    return Bad("num_gpu_blocks", absl::StrCat("must be >= 2 (block 0 is the null block), got ",
-                                              num_gpu_blocks));
+  if (num_kv_blocks < 2) {
+    return Bad("num_kv_blocks", absl::StrCat("must be >= 2 (block 0 is the null block), got ",
+                                              num_kv_blocks));
   }
   if (max_num_batched_tokens < 1) {
     return Bad("max_num_batched_tokens", absl::StrCat("must be >= 1, got ", max_num_batched_tokens));
@@ -51,9 +51,9 @@ absl::Status EngineConfig::Validate() const {
   // One request of max_model_len tokens must fit, or it could never be
   // (re)admitted and would wait forever.
   const int64_t blocks_per_request = (int64_t{max_model_len} + block_size - 1) / block_size;
-  if (blocks_per_request > num_gpu_blocks - 1 - WatermarkBlocks()) {
-    return Bad("num_gpu_blocks",
-               absl::StrCat("holds ", num_gpu_blocks - 1, " usable blocks of ", block_size,
+  if (blocks_per_request > num_kv_blocks - 1 - WatermarkBlocks()) {
+    return Bad("num_kv_blocks",
+               absl::StrCat("holds ", num_kv_blocks - 1, " usable blocks of ", block_size,
                             " tokens, but one request of max_model_len=", max_model_len, " needs ",
                             blocks_per_request, " (lower max_model_len or give the KV cache more memory)"));
   }

@@ -16,7 +16,7 @@ enum class SchedulingPolicy { kFcfs, kPriority };
 struct EngineConfig {
   // --- KV cache ---
   int32_t block_size = 16;          // tokens per KV block; a power of two
-  int32_t num_gpu_blocks = 4096;    // pool size including the null block 0
+  int32_t num_kv_blocks = 4096;    // pool size including the null block 0
   bool enable_prefix_caching = true;
   // Fraction of blocks kept free when admitting a request while others run.
   double watermark = 0.0;

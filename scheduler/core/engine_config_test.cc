@@ -47,7 +47,7 @@ std::vector<BadConfig> BadConfigs() {
       {"max_model_len below 2", [](EngineConfig& c) { c.max_model_len = 1; }, "max_model_len"},
       {"zero max_num_seqs", [](EngineConfig& c) { c.max_num_seqs = 0; }, "max_num_seqs"},
       // 2048 tokens need 128 blocks of 16; 128 blocks hold only 127 usable.
-      {"pool smaller than one request", [](EngineConfig& c) { c.num_gpu_blocks = 128; }, "num_gpu_blocks"},
+      {"pool smaller than one request", [](EngineConfig& c) { c.num_kv_blocks = 128; }, "num_kv_blocks"},
       {"negative watermark", [](EngineConfig& c) { c.watermark = -0.1; }, "watermark"},
       {"watermark of 1", [](EngineConfig& c) { c.watermark = 1.0; }, "watermark"},
       {"async at depth 1", [](EngineConfig& c) { c.batch_queue_depth = 1; }, "batch_queue_depth"},
@@ -81,7 +81,7 @@ TEST(EngineConfigTest, EachBadFieldIsNamed) {
 // the reason they name and not for a neighbouring one.
 TEST(EngineConfigTest, BoundariesAreAccepted) {
   const std::vector<std::function<void(EngineConfig&)>> good = {
-      [](EngineConfig& c) { c.num_gpu_blocks = 129; },  // exactly one request of 2048 tokens
+      [](EngineConfig& c) { c.num_kv_blocks = 129; },  // exactly one request of 2048 tokens
       [](EngineConfig& c) { c.block_size = 1; },
       [](EngineConfig& c) { c.block_size = 32; },
       [](EngineConfig& c) { c.max_model_len = 2; },

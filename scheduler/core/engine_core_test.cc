@@ -65,7 +65,7 @@ SeedRun RunSeedCase(int32_t max_tokens, int32_t eos_at, int32_t depth) {
     }
   }
   run.step_tokens = recorder.tokens;
-  run.wasted = scheduler->stats().num_wasted_steps;
+  run.wasted = scheduler->stats().num_wasted_rows;
   return run;
 }
 
@@ -205,7 +205,7 @@ TEST(EngineCoreTest, AbortDuringTheFinalStepWins) {
 std::vector<RequestOutput> RunOutputs(const EngineConfig& config, std::vector<RequestSpec> specs,
                                       FakeExecutorOptions options) {
   auto scheduler = MakeScheduler(config);
-  options.num_blocks = config.num_gpu_blocks;
+  options.num_blocks = config.num_kv_blocks;
   options.block_size = config.block_size;
   FakeExecutor executor(options);
   EngineCore engine(scheduler.get(), &executor);
@@ -273,7 +273,7 @@ TEST(EngineCoreTest, DiscardedTokensReportNoLogprobs) {
 // their logprobs.
 TEST(EngineCoreTest, StaleTokensKeepTheirLogprobs) {
   EngineConfig config = VllmTestConfig();
-  config.num_gpu_blocks = 14;  // 13 usable: four requests of 5 blocks preempt
+  config.num_kv_blocks = 14;  // 13 usable: four requests of 5 blocks preempt
   config.max_model_len = 80;
   std::vector<RequestSpec> specs;
   for (RequestId id = 0; id < 4; ++id) {
@@ -283,7 +283,7 @@ TEST(EngineCoreTest, StaleTokensKeepTheirLogprobs) {
   }
   auto scheduler = MakeScheduler(config);
   FakeExecutorOptions options;
-  options.num_blocks = config.num_gpu_blocks;
+  options.num_blocks = config.num_kv_blocks;
   FakeExecutor executor(options);
   EngineCore engine(scheduler.get(), &executor);
   InvariantChecker checker;

@@ -12,7 +12,7 @@ KvCacheManager::KvCacheManager(const EngineConfig& config)
       max_model_len_(config.max_model_len),
       enable_caching_(config.enable_prefix_caching),
       watermark_blocks_(config.WatermarkBlocks()),
-      pool_(config.num_gpu_blocks, config.enable_prefix_caching) {}
+      pool_(config.num_kv_blocks, config.enable_prefix_caching) {}
 
 int32_t KvCacheManager::FindCachedPrefix(const Request& request,
                                          std::vector<BlockId>* hit_blocks) const {

@@ -20,7 +20,7 @@ using ::testing::IsEmpty;
 EngineConfig SmallPool(bool caching = true) {
   EngineConfig config;
   config.block_size = 16;
-  config.num_gpu_blocks = 11;
+  config.num_kv_blocks = 11;
   config.max_model_len = 160;
   config.enable_prefix_caching = caching;
   return config;
@@ -142,7 +142,7 @@ TEST(KvCacheManagerTest, FullSequenceMustFitRefusesWhatOnlyTheFirstChunkFits) {
 
 TEST(KvCacheManagerTest, WatermarkOnlyWhenAsked) {
   EngineConfig config = SmallPool(/*caching=*/false);
-  config.num_gpu_blocks = 21;
+  config.num_kv_blocks = 21;
   config.watermark = 0.1;  // 2 of 20 blocks
   ASSERT_TRUE(config.Validate().ok());
   ASSERT_EQ(config.WatermarkBlocks(), 2);

@@ -43,7 +43,7 @@ struct SchedulerStats {
   int64_t num_preemptions = 0;
   // Rows whose output was discarded because the request had already finished
   // (the price of planning ahead: a stop token wastes the steps behind it).
-  int64_t num_wasted_steps = 0;
+  int64_t num_wasted_rows = 0;
   int64_t num_stale_tokens_delivered = 0;
   int64_t num_finished[5] = {};       // indexed by FinishReason
 };

@@ -61,7 +61,7 @@ Workload MakeWorkload(uint32_t seed) {
   c.max_model_len = uniform(24, 96);
   const int32_t blocks_per_request = (c.max_model_len + c.block_size - 1) / c.block_size;
   // Often barely one request's worth of blocks: preemption is the norm.
-  c.num_gpu_blocks = 1 + blocks_per_request + uniform(0, 2 * blocks_per_request);
+  c.num_kv_blocks = 1 + blocks_per_request + uniform(0, 2 * blocks_per_request);
   c.max_num_batched_tokens = uniform(4, 80);
   c.max_num_seqs = uniform(1, 8);
   c.enable_prefix_caching = uniform(0, 1) == 1;
@@ -97,7 +97,7 @@ Workload MakeWorkload(uint32_t seed) {
     if (uniform(0, 5) == 0) w.aborts[uniform(0, 60)].push_back(100 + i);
   }
   w.description = absl::StrCat("seed ", seed, ": B=", c.block_size, " L=", c.max_model_len, " blocks=",
-                               c.num_gpu_blocks, " budget=", c.max_num_batched_tokens, " seqs=", c.max_num_seqs,
+                               c.num_kv_blocks, " budget=", c.max_num_batched_tokens, " seqs=", c.max_num_seqs,
                                " prefix_cache=", c.enable_prefix_caching, " priority=",
                                c.policy == SchedulingPolicy::kPriority, " requests=", num_requests);
   return w;
@@ -159,7 +159,7 @@ TEST(SchedulerDifferentialTest, EveryModeGivesTheSameTokens) {
         ExpectPoolFull(run, where);
         preemptions += run.stats.num_preemptions;
         stale += run.stats.num_stale_tokens_delivered;
-        wasted += run.stats.num_wasted_steps;
+        wasted += run.stats.num_wasted_rows;
         for (const auto& [id, expected] : reference.results) {
           const RequestResult& got = run.results.at(id);
           if (got.finish == FinishReason::kAbort) {

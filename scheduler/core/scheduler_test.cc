@@ -118,7 +118,7 @@ TEST(SchedulerTest, PriorityPolicyAdmitsMostImportantFirst) {
 TEST(SchedulerTest, FcfsPreemptsTheNewestAndResumesWithItsTokens) {
   EngineConfig config = VllmTestConfig(false);
   config.block_size = 4;
-  config.num_gpu_blocks = 6;  // 5 usable blocks of 4 tokens
+  config.num_kv_blocks = 6;  // 5 usable blocks of 4 tokens
   config.max_model_len = 20;
   auto scheduler = MakeScheduler(config);
   ASSERT_TRUE(scheduler->AddRequest(MakeRequest(0, 8, 10)).ok());
@@ -152,7 +152,7 @@ TEST(SchedulerTest, PriorityPreemptionRollsBackAPlannedVictim) {
   EngineConfig config = VllmTestConfig(false);
   config.policy = SchedulingPolicy::kPriority;
   config.block_size = 4;
-  config.num_gpu_blocks = 5;  // 4 usable blocks
+  config.num_kv_blocks = 5;  // 4 usable blocks
   config.max_model_len = 16;
   auto scheduler = MakeScheduler(config);
   RequestSpec low = MakeRequest(0, 2, 10);  // 1 block, enough up to position 3
@@ -266,7 +266,7 @@ TEST(SchedulerTest, MaxModelLenCapsGeneration) {
   }
   EXPECT_EQ(tokens, 2);  // positions 10 and 11
   EXPECT_EQ(finish, FinishReason::kLength);
-  EXPECT_EQ(scheduler->stats().num_wasted_steps, 0);  // the length cap is known ahead, too
+  EXPECT_EQ(scheduler->stats().num_wasted_rows, 0);  // the length cap is known ahead, too
 }
 
 // spec §9.5 test_engine_core_concurrent_batches: the synchronous scheduler
@@ -308,7 +308,7 @@ TEST(SchedulerTest, ResumedRequestHitsItsOwnCachedBlocks) {
   EngineConfig config = VllmTestConfig(false);
   config.enable_prefix_caching = true;
   config.block_size = 4;
-  config.num_gpu_blocks = 6;
+  config.num_kv_blocks = 6;
   config.max_model_len = 20;
   auto scheduler = MakeScheduler(config);
   // Request 0 needs one more block to finish: the last free one, so request
@@ -342,7 +342,7 @@ TEST(SchedulerFailureTest, FailStartedRequestsKeepsOnlyThoseThatNeverRan) {
   EngineConfig config = testing::VllmTestConfig();
   config.enable_prefix_caching = true;
   config.block_size = 4;
-  config.num_gpu_blocks = 12;
+  config.num_kv_blocks = 12;
   config.max_model_len = 40;
   config.max_num_seqs = 2;
   auto scheduler = testing::MakeScheduler(config);

@@ -51,7 +51,7 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
     Request* r = requests_.Resolve(scheduled.handle);
     if (r == nullptr) {
       // Finished or aborted while this step was in flight: its work is wasted.
-      ++stats_.num_wasted_steps;
+      ++stats_.num_wasted_rows;
       continue;
     }
     r->num_in_flight_tokens -= scheduled.num_tokens;

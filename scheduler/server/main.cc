@@ -136,7 +136,7 @@ int Main(int argc, char** argv) {
     // Everything but the pool size can be checked now.
     EngineConfig probe = config;
     probe.max_model_len = config.max_model_len > 0 ? config.max_model_len : 2;
-    probe.num_gpu_blocks = 1 << 30;
+    probe.num_kv_blocks = 1 << 30;
     if (absl::Status s = probe.Validate(); !s.ok()) return Fail(std::string(s.message()));
   }
 

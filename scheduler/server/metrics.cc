@@ -44,7 +44,7 @@ void Histogram::Observe(double value) {
   sum_ += value;
 }
 
-void Histogram::Render(const std::string& name, std::string* out) const {
+void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
   std::vector<uint64_t> counts;
   double sum = 0;
   {
@@ -56,9 +56,10 @@ void Histogram::Render(const std::string& name, std::string* out) const {
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts[i];
     const std::string le = i < bounds_.size() ? Number(bounds_[i]) : "+Inf";
-    absl::StrAppend(out, name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
+    absl::StrAppend(out, name, "_bucket{", labels, labels.empty() ? "" : ",", "le=\"", le, "\"} ", cumulative, "\n");
   }
-  absl::StrAppend(out, name, "_sum ", Number(sum), "\n", name, "_count ", cumulative, "\n");
+  const std::string braced = labels.empty() ? "" : absl::StrCat("{", labels, "}");
+  absl::StrAppend(out, name, "_sum", braced, " ", Number(sum), "\n", name, "_count", braced, " ", cumulative, "\n");
 }
 
 ServingMetrics::ServingMetrics()
@@ -131,13 +132,13 @@ std::string ServingMetrics::Render(const ScrapeInput& in) const {
            static_cast<double>(count));
   }
   Family(&out, "tandem:http_responses_total", "counter", "HTTP responses by status class.");
-  Sample(&out, "tandem:http_responses_total", "code=\"2xx\"", static_cast<double>(http_2xx_.load()));
-  Sample(&out, "tandem:http_responses_total", "code=\"4xx\"", static_cast<double>(http_4xx_.load()));
-  Sample(&out, "tandem:http_responses_total", "code=\"5xx\"", static_cast<double>(http_5xx_.load()));
+  Sample(&out, "tandem:http_responses_total", absl::StrCat(model, ",code=\"2xx\""), static_cast<double>(http_2xx_.load()));
+  Sample(&out, "tandem:http_responses_total", absl::StrCat(model, ",code=\"4xx\""), static_cast<double>(http_4xx_.load()));
+  Sample(&out, "tandem:http_responses_total", absl::StrCat(model, ",code=\"5xx\""), static_cast<double>(http_5xx_.load()));
 
   auto histogram = [&](const char* name, const char* help, const Histogram& h) {
     Family(&out, name, "histogram", help);
-    h.Render(name, &out);
+    h.Render(name, model, &out);
   };
   histogram("tandem:time_to_first_token_seconds", "Time from arrival to the first token.", ttft_);
   histogram("tandem:inter_token_latency_seconds", "Time between successive token deliveries of a request.",
@@ -149,19 +150,22 @@ std::string ServingMetrics::Render(const ScrapeInput& in) const {
 
   counter("tandem:scheduler_time_seconds", "Time spent in the scheduler's schedule and update.", e.scheduler_seconds);
   counter("tandem:engine_steps", "Steps executed by the workers.", static_cast<double>(e.stats.num_steps));
-  counter("tandem:wasted_steps", "Rows computed for requests that had already finished (async scheduling's price).",
-          static_cast<double>(e.stats.num_wasted_steps));
+  counter("tandem:wasted_rows", "Rows computed for requests that had already finished (async scheduling's price).",
+          static_cast<double>(e.stats.num_wasted_rows));
+  // Its name until 0.2; it always counted rows, not steps.
+  counter("tandem:wasted_steps", "Deprecated: the same as tandem:wasted_rows_total, removed after 0.2.",
+          static_cast<double>(e.stats.num_wasted_rows));
   Family(&out, "tandem:worker_idle_seconds_total", "counter", "Time a worker waited between finishing a step and starting the next.");
   for (const WorkerTimes& w : in.workers) {
-    Sample(&out, "tandem:worker_idle_seconds_total", absl::StrCat("rank=\"", w.rank, "\""), w.idle_seconds);
+    Sample(&out, "tandem:worker_idle_seconds_total", absl::StrCat(model, ",rank=\"", w.rank, "\""), w.idle_seconds);
   }
   Family(&out, "tandem:worker_busy_seconds_total", "counter", "Time a worker spent running steps.");
   for (const WorkerTimes& w : in.workers) {
-    Sample(&out, "tandem:worker_busy_seconds_total", absl::StrCat("rank=\"", w.rank, "\""), w.busy_seconds);
+    Sample(&out, "tandem:worker_busy_seconds_total", absl::StrCat(model, ",rank=\"", w.rank, "\""), w.busy_seconds);
   }
   Family(&out, "tandem:worker_connected", "gauge", "1 while the worker is registered.");
   for (const WorkerTimes& w : in.workers) {
-    Sample(&out, "tandem:worker_connected", absl::StrCat("rank=\"", w.rank, "\""), w.connected ? 1 : 0);
+    Sample(&out, "tandem:worker_connected", absl::StrCat(model, ",rank=\"", w.rank, "\""), w.connected ? 1 : 0);
   }
   return out;
 }

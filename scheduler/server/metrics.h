@@ -28,7 +28,8 @@ class Histogram {
   explicit Histogram(std::vector<double> bounds);
   void Observe(double value);
   // Appends the _bucket, _sum and _count lines of `name`.
-  void Render(const std::string& name, std::string* out) const;
+  // `labels` (may be empty) go on every sample, before `le`.
+  void Render(const std::string& name, const std::string& labels, std::string* out) const;
 
  private:
   const std::vector<double> bounds_;

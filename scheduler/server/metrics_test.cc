@@ -18,13 +18,21 @@ TEST(HistogramTest, BucketsAreCumulative) {
   h.Observe(0.5);
   h.Observe(7);
   std::string out;
-  h.Render("x", &out);
+  h.Render("x", "", &out);
   EXPECT_EQ(out,
             "x_bucket{le=\"0.1\"} 2\n"
             "x_bucket{le=\"1\"} 3\n"
             "x_bucket{le=\"+Inf\"} 4\n"
             "x_sum 7.65\n"
             "x_count 4\n");
+  out.clear();
+  h.Render("x", "m=\"a\"", &out);
+  EXPECT_EQ(out,
+            "x_bucket{m=\"a\",le=\"0.1\"} 2\n"
+            "x_bucket{m=\"a\",le=\"1\"} 3\n"
+            "x_bucket{m=\"a\",le=\"+Inf\"} 4\n"
+            "x_sum{m=\"a\"} 7.65\n"
+            "x_count{m=\"a\"} 4\n");
 }
 
 TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
@@ -45,7 +53,7 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   in.engine.prefix_cache_queries = 64;
   in.engine.prefix_cache_hits = 32;
   in.engine.stats.num_preemptions = 4;
-  in.engine.stats.num_wasted_steps = 6;
+  in.engine.stats.num_wasted_rows = 6;
   in.workers = {{0, true, 2.0, 0.5, 10}, {1, false, 1.0, 1.5, 9}};
   const std::string text = metrics.Render(in);
   EXPECT_THAT(text, HasSubstr("tandem:num_requests_running{model_name=\"m\"} 2\n"));
@@ -59,19 +67,22 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   EXPECT_THAT(text, HasSubstr("tandem:request_success_total{model_name=\"m\",finished_reason=\"abort\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("tandem:prompt_tokens_total{model_name=\"m\"} 16\n"));
   EXPECT_THAT(text, HasSubstr("tandem:generation_tokens_total{model_name=\"m\"} 21\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:time_to_first_token_seconds_count 1\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:inter_token_latency_seconds_count 1\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:e2e_request_latency_seconds_count 3\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:request_queue_time_seconds_count 1\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:scheduler_step_duration_seconds_bucket{le=\"2e-05\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:wasted_steps_total{model_name=\"m\"} 6\n"));
-  EXPECT_THAT(text, HasSubstr("tandem:worker_idle_seconds_total{rank=\"1\"} 1.5\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:time_to_first_token_seconds_count{model_name=\"m\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:inter_token_latency_seconds_count{model_name=\"m\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:e2e_request_latency_seconds_count{model_name=\"m\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:request_queue_time_seconds_count{model_name=\"m\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:scheduler_step_duration_seconds_bucket{model_name=\"m\",le=\"2e-05\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:wasted_rows_total{model_name=\"m\"} 6\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:wasted_steps_total{model_name=\"m\"} 6\n"));  // the old name, until 0.2
+  EXPECT_THAT(text, HasSubstr("tandem:worker_idle_seconds_total{model_name=\"m\",rank=\"1\"} 1.5\n"));
+  // Every sample carries the model's name, as vLLM's dashboards filter on it.
   EXPECT_THAT(text, HasSubstr("# TYPE tandem:time_to_first_token_seconds histogram\n"));
   // Every sample line is "name{labels} value" or "name value".
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     if (line.empty() || line[0] == '#') continue;
     EXPECT_EQ(std::count(line.begin(), line.end(), ' '), 1) << line;
+    EXPECT_THAT(line, HasSubstr("{model_name=\"m\"")) << line;
   }
 }
 

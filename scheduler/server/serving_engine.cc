@@ -95,7 +95,7 @@ void ServingEngine::PublishSnapshot() {
 
 absl::Status ServingEngine::EnsureScheduler() {
   const int32_t blocks = group_->pool_blocks();
-  if (scheduler_ && scheduler_->config().num_gpu_blocks == blocks) return absl::OkStatus();
+  if (scheduler_ && scheduler_->config().num_kv_blocks == blocks) return absl::OkStatus();
   if (scheduler_) {
     // Re-formed with a different pool: nothing runs now (a failure preceded
     // this), but requests queued in the old scheduler cannot move over.
@@ -110,7 +110,7 @@ absl::Status ServingEngine::EnsureScheduler() {
     Dispatch(outputs);
   }
   EngineConfig config = config_template_;
-  config.num_gpu_blocks = blocks;
+  config.num_kv_blocks = blocks;
   if (config.max_model_len == 0) {
     const int32_t cache_tokens = (blocks - 1) * config.block_size;
     config.max_model_len = model_context_length_ > 0 ? std::min(model_context_length_, cache_tokens) : cache_tokens;

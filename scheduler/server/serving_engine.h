@@ -66,7 +66,7 @@ struct ServingSnapshot {
 
 class ServingEngine {
  public:
-  // `config` is the engine's, except num_gpu_blocks (taken from the group)
+  // `config` is the engine's, except num_kv_blocks (taken from the group)
   // and, when it is 0, max_model_len (the model's context length, capped by
   // what the pool holds). `group` and the observers must outlive the engine.
   ServingEngine(EngineConfig config, ExecutorGroup* group, std::vector<StepObserver*> observers = {},

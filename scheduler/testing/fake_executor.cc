@@ -5,20 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sampling_rule.h"
+#include "common/splitmix.h"
 
 namespace tandem::scheduler {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // What a position's KV "holds": its token, its position and everything before.
 uint64_t NextCell(uint64_t previous, TokenId token, int32_t position) {
-  return Mix(previous ^ Mix((static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) |
+  return SplitMix64(previous ^ SplitMix64((static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) |
                             static_cast<uint32_t>(position)));
 }
 
@@ -31,7 +25,7 @@ FakeExecutor::FakeExecutor(FakeExecutorOptions options)
       kv_(static_cast<size_t>(options_.num_blocks) * options_.block_size, 0) {}
 
 TokenId FakeExecutor::RuleToken(uint64_t cell) const {
-  return static_cast<TokenId>(Mix(cell) % static_cast<uint64_t>(options_.vocab_size));
+  return static_cast<TokenId>(SplitMix64(cell) % static_cast<uint64_t>(options_.vocab_size));
 }
 
 void FakeExecutor::Log(const char* what, StepSeq seq) {
@@ -178,7 +172,7 @@ absl::Status FakeExecutor::Sample(StepSeq step_seq, const GrammarOutput* grammar
     slot.tokens.push_back(token);
     it->output.AddRow(row.id, {token});
     if (slot.logprobs >= 0) {
-      const float logprob = -static_cast<float>(Mix(row.last_cell) % 1000) / 100.0f;
+      const float logprob = -static_cast<float>(SplitMix64(row.last_cell) % 1000) / 100.0f;
       top_ids.clear();
       top.clear();
       for (int32_t i = 0; i < slot.logprobs; ++i) {

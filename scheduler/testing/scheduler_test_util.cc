@@ -10,7 +10,7 @@ EngineConfig VllmTestConfig(bool async_scheduling) {
   config.max_num_seqs = 16;
   config.max_num_batched_tokens = 8192;
   config.max_model_len = 8192;
-  config.num_gpu_blocks = 10000;
+  config.num_kv_blocks = 10000;
   config.block_size = 16;
   config.enable_prefix_caching = false;
   config.async_scheduling = async_scheduling;
@@ -71,7 +71,7 @@ WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrival
   WorkloadRun run;
   std::unique_ptr<Scheduler> scheduler = MakeScheduler(config);
   if (scheduler == nullptr) return run;
-  executor_options.num_blocks = config.num_gpu_blocks;
+  executor_options.num_blocks = config.num_kv_blocks;
   executor_options.block_size = config.block_size;
   FakeExecutor executor(std::move(executor_options));
   EngineCore engine(scheduler.get(), &executor);
@@ -119,7 +119,7 @@ WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrival
   }
   run.stats = scheduler->stats();
   run.free_blocks_at_end = scheduler->kv_cache().pool().num_free_blocks();
-  run.usable_blocks = config.num_gpu_blocks - 1;
+  run.usable_blocks = config.num_kv_blocks - 1;
   return run;
 }
 

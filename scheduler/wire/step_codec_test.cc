@@ -107,7 +107,7 @@ class StepCodecTest : public ::testing::Test {
  protected:
   void SetUp() override {
     EngineConfig config = VllmTestConfig(/*async_scheduling=*/false);
-    config.num_gpu_blocks = 6;
+    config.num_kv_blocks = 6;
     config.max_model_len = 64;
     scheduler_ = MakeScheduler(config);
     ASSERT_NE(scheduler_, nullptr);

@@ -241,7 +241,7 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
     auto generation = (*engine)->Generate(spec.prompt, Greedy(spec));
     ASSERT_TRUE(generation.ok());
     ASSERT_EQ(generation->finish, scheduler::FinishReason::kStop);
-    const int64_t expected = (*engine)->engine().scheduler().stats().num_wasted_steps;
+    const int64_t expected = (*engine)->engine().scheduler().stats().num_wasted_rows;
     if (config.stages == 1) {
       EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
     }
@@ -259,7 +259,7 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
     // counted as their results come back.
     auto health = WaitUntilIdle((*cluster)->target());
     ASSERT_TRUE(health.ok()) << health.status();
-    EXPECT_EQ(health->wasted_steps, expected) << "PP " << config.stages << " async " << config.async_scheduling;
+    EXPECT_EQ(health->wasted_rows, expected) << "PP " << config.stages << " async " << config.async_scheduling;
   }
 }
 

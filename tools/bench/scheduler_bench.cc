@@ -33,7 +33,7 @@ class Workload {
     config.max_num_seqs = num_running;
     config.max_num_batched_tokens = 8192;
     config.max_model_len = 2048;
-    config.num_gpu_blocks = num_running * ((kPromptTokens + kMaxTokens) / 16 + 2) + 16;
+    config.num_kv_blocks = num_running * ((kPromptTokens + kMaxTokens) / 16 + 2) + 16;
     auto created = Scheduler::Create(config);
     TANDEM_CHECK_OK(created.status());
     scheduler_ = std::move(created).value();

@@ -49,7 +49,7 @@ absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
   health.status = response.status();
   health.num_running = response.num_running();
   health.num_waiting = response.num_waiting();
-  health.wasted_steps = response.wasted_steps();
+  health.wasted_rows = response.wasted_rows();
   health.preemptions = response.preemptions();
   health.steps_in_flight = response.steps_in_flight();
   for (const v1::WorkerHealth& w : response.workers()) {

@@ -32,7 +32,7 @@ struct RemoteHealth {
   std::string status;
   int64_t num_running = 0;
   int64_t num_waiting = 0;
-  int64_t wasted_steps = 0;
+  int64_t wasted_rows = 0;
   int64_t preemptions = 0;
   int64_t steps_in_flight = 0;
   struct Worker {

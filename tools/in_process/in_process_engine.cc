@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<InProcessEngine>> InProcessEngine::Create(const I
 
   scheduler::EngineConfig config;
   config.block_size = options.block_size;
-  config.num_gpu_blocks = e->num_kv_blocks_;
+  config.num_kv_blocks = e->num_kv_blocks_;
   config.max_num_batched_tokens = options.max_num_batched_tokens;
   config.max_num_seqs = options.max_num_seqs;
   const int32_t cache_tokens = (e->num_kv_blocks_ - 1) * options.block_size;

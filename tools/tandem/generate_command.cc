@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "nlohmann/json.hpp"
 #include "tools/client/grpc_generate_client.h"
 #include "tools/in_process/in_process_engine.h"
 #include "tools/tandem/commands.h"
@@ -13,27 +14,12 @@
 namespace tandem::tools {
 namespace {
 
-std::string JsonIds(const std::vector<TokenId>& ids) {
-  std::string out = "[";
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
-  return out + "]";
-}
+using Json = nlohmann::json;
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
+// One line of JSON; text that is not valid UTF-8 (a model may stop inside a
+// character) gets U+FFFD rather than an exception.
+void PrintJson(const Json& json) {
+  std::printf("%s\n", json.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
 }
 
 // Streams the request through a scheduler's Generate API.
@@ -52,8 +38,7 @@ int GenerateRemote(const std::string& target, const std::string& prompt, const s
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (json) {
-    std::printf("{\"ids\":%s,\"text\":%s,\"finish_reason\":\"%s\"}\n", JsonIds(result->tokens).c_str(),
-                JsonString(result->text).c_str(), result->finish_reason.c_str());
+    PrintJson({{"ids", result->tokens}, {"text", result->text}, {"finish_reason", result->finish_reason}});
   }
   std::fprintf(stderr, "[%d prompt tokens, %zu generated (%s) in %.2f s, %.1f tokens/s; via %s]\n",
                result->num_prompt_tokens, result->tokens.size(), result->finish_reason.c_str(), seconds,
@@ -130,9 +115,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string text = (*engine)->tokenizer().Decode(result->tokens, /*skip_special=*/true);
   if (json) {
-    std::printf("{\"prompt_ids\":%s,\"ids\":%s,\"text\":%s,\"finish_reason\":\"%s\"}\n", JsonIds(ids).c_str(),
-                JsonIds(result->tokens).c_str(), JsonString(text).c_str(),
-                scheduler::FinishReasonName(result->finish));
+    PrintJson({{"prompt_ids", ids},
+               {"ids", result->tokens},
+               {"text", text},
+               {"finish_reason", scheduler::FinishReasonName(result->finish)}});
   } else {
     std::printf("%s\n", text.c_str());
   }

@@ -127,7 +127,7 @@ absl::Status Trace(const TraceOptions& o) {
   config.block_size = 16;
   config.max_num_batched_tokens = static_cast<int32_t>(o.token_budget);
   config.max_model_len = static_cast<int32_t>(o.prompt_tokens + o.max_tokens + 1);
-  config.num_gpu_blocks = config.max_model_len / config.block_size + 2;
+  config.num_kv_blocks = config.max_model_len / config.block_size + 2;
   config.async_scheduling = o.depth > 1;
   config.batch_queue_depth = static_cast<int32_t>(o.depth);
   auto created = scheduler::Scheduler::Create(config);
@@ -135,7 +135,7 @@ absl::Status Trace(const TraceOptions& o) {
   std::unique_ptr<scheduler::Scheduler> sched = std::move(created).value();
 
   scheduler::FakeExecutorOptions executor_options;
-  executor_options.num_blocks = config.num_gpu_blocks;
+  executor_options.num_blocks = config.num_kv_blocks;
   executor_options.block_size = config.block_size;
   executor_options.vocab_size = kVocab;
   const int32_t eos_at = static_cast<int32_t>(o.eos_at);
@@ -167,7 +167,7 @@ absl::Status Trace(const TraceOptions& o) {
     auto step = engine.Step();
     if (!step.ok()) return step.status();
   }
-  printer.PrintSummary(sched->stats().num_wasted_steps);
+  printer.PrintSummary(sched->stats().num_wasted_rows);
   return absl::OkStatus();
 }
 

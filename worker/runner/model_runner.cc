@@ -5,17 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/sampling_rule.h"
+#include "common/splitmix.h"
 #include "common/status_macros.h"
 
 namespace tandem::worker {
 namespace {
-
-uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 absl::Status Mismatch(const std::string& what) {
   return absl::DataLossError(absl::StrCat("step does not match the worker's state: ", what));
@@ -114,7 +108,7 @@ absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
     slot.num_prompt_tokens = num_prompt;
     slot.num_computed = computed;
     slot.options = ToSamplingOptions(sampling);
-    slot.rng_key = sampling.has_seed() ? Mix(sampling.seed()) : Mix(options_.unseeded_rng_key + slot.id);
+    slot.rng_key = sampling.has_seed() ? SplitMix64(sampling.seed()) : SplitMix64(options_.unseeded_rng_key + slot.id);
     return absl::OkStatus();
   };
   for (const v1::NewRequest& r : step.new_requests()) {

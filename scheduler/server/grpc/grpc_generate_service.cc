@@ -183,7 +183,7 @@ grpc::ServerUnaryReactor* GrpcGenerateService::Health(grpc::CallbackServerContex
   }
   response->set_num_running(engine.num_running);
   response->set_num_waiting(engine.num_waiting);
-  response->set_wasted_steps(engine.stats.num_wasted_steps);
+  response->set_wasted_rows(engine.stats.num_wasted_rows);
   response->set_preemptions(engine.stats.num_preemptions);
   response->set_steps_in_flight(engine.num_steps_in_flight);
   return new ImmediateReactor(grpc::Status::OK);

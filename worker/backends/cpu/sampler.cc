@@ -4,17 +4,12 @@
 #include <cmath>
 #include <limits>
 
+#include "common/splitmix.h"
+
 namespace tandem::worker {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 int32_t ArgMax(const float* v, int32_t n) {
   int32_t best = 0;
@@ -85,7 +80,7 @@ int32_t TopPCut(std::vector<int32_t>& cand, int32_t n, const float* probs, doubl
 }  // namespace
 
 double UniformDraw(uint64_t key, int32_t position) {
-  const uint64_t bits = Mix(key ^ Mix(static_cast<uint64_t>(position) + 0x51ed27f3ULL));
+  const uint64_t bits = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(position) + 0x51ed27f3ULL));
   return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
 }
 
