@@ -1,6 +1,7 @@
 // TANDEM_CHECK / TANDEM_DCHECK: crash with a message on a broken invariant.
 // Use them for programmer errors only; anything a peer, a file, a user or the
-// GPU can cause returns an absl::Status instead (STYLE.md rule 2).
+// GPU can cause returns an absl::Status instead (scheduler/README.md §9,
+// convention 2).
 //
 //   TANDEM_CHECK(ph >= 0) << "placeholder underflow for request " << id;
 //   TANDEM_DCHECK(block < num_blocks);   // hot path: compiled out with NDEBUG

@@ -1,8 +1,8 @@
 // The one rule that decides whether a scheduled row produces a sampled token
-// (ARCHITECTURE §4.2). The scheduler uses it to reserve a placeholder, the
-// worker uses it to decide which rows sample. Two rules that disagree are the
-// root of placeholder underflow (vLLM issues 30142, 57562), so both sides call
-// this function and nothing else.
+// (scheduler/README.md §4.2). The scheduler uses it to reserve a placeholder,
+// the worker uses it to decide which rows sample. Two rules that disagree are
+// the root of placeholder underflow (vLLM issues 30142, 57562), so both sides
+// call this function and nothing else.
 #ifndef TANDEM_COMMON_SAMPLING_RULE_H_
 #define TANDEM_COMMON_SAMPLING_RULE_H_
 

@@ -1,6 +1,7 @@
-# Runs `tandem trace` as a user would and checks the seed's numbers
-# (seed-async-scheduling.md: case 1, case 2, and "Try it" 1 and 2), and that
-# a bad flag exits non-zero with a message naming it.
+# Runs `tandem trace` as a user would and checks the numbers of the worked
+# example in scheduler/README.md §2 (case 1, case 2, an EOS as the first
+# token, and depth 3), and that a bad flag exits non-zero with a message
+# naming it.
 function(expect_summary args expected)
   separate_arguments(argv UNIX_COMMAND "${args}")
   execute_process(COMMAND ${TANDEM} trace ${argv} --json

@@ -1,5 +1,5 @@
 // gRPC settings shared by every tandem channel and server, set explicitly
-// rather than left to library defaults (style-anchors §5): message size
+// rather than left to library defaults (scheduler/README.md §1): message size
 // limits, and keepalive pings on both sides so a worker that hangs or a
 // connection that silently drops is noticed within seconds, not at the next
 // TCP timeout. Also the one conversion between absl::Status and grpc::Status.

@@ -1,6 +1,7 @@
-// Acceptance cases of spec §9.1 (tests/v1/core/test_async_scheduler.py) and
-// the async cases of §9.3/§9.4, with their numbers, plus our exact
-// max_tokens guard (ARCHITECTURE §4.4).
+// Acceptance cases of vLLM's tests/v1/core/test_async_scheduler.py and the
+// async cases of its test_swa_inflight_window_free.py and test_scheduler.py,
+// with their numbers, plus our exact max_tokens guard
+// (scheduler/README.md §4.4).
 #include <deque>
 #include <map>
 
@@ -60,7 +61,7 @@ TEST_P(StopByMaxTokensTest, SchedulesExactlyWhatSyncWould) {
   EXPECT_EQ(scheduler->stats().num_wasted_rows, 0);
 }
 
-// 20, 22, 24, 28 tokens in total (spec §9.1).
+// 20, 22, 24, 28 tokens in total (vLLM's test_stop_by_max_tokens).
 INSTANTIATE_TEST_SUITE_P(MaxTokens, StopByMaxTokensTest, ::testing::Values(1, 2, 3, 5));
 
 void RunAbortOrder() {
@@ -312,7 +313,8 @@ TEST(AsyncSchedulerTest, KvPressurePreemptionWithInFlightOutputIsLossless) {
   EXPECT_EQ(run.free_blocks_at_end, run.usable_blocks);
 }
 
-// ARCHITECTURE §4.4: no wasted step for a length-capped request at any depth.
+// scheduler/README.md §4.4: no wasted step for a length-capped request at any
+// depth.
 class QueueDepthTest : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(QueueDepthTest, LengthCappedRequestWastesNothing) {

@@ -1,4 +1,5 @@
-// Prefix-cache keys: a hash chain over full KV blocks (spec §4.3).
+// Prefix-cache keys: a hash chain over full KV blocks (vLLM's
+// hash_block_tokens, vllm/v1/core/kv_cache_utils.py).
 //   hash[0] = H(seed,      tokens[0:B],   salt)
 //   hash[i] = H(hash[i-1], tokens[iB:(i+1)B])
 // Chaining makes a block's key identify its whole prefix, so a lookup can stop

@@ -1,8 +1,10 @@
 // BlockPool: the KV cache blocks, their reference counts, the free queue and
-// the prefix-cache hash map (spec §4.2). The pool only does accounting; the
-// memory itself lives on the workers and is laid out by these block ids.
+// the prefix-cache hash map (vLLM's BlockPool, vllm/v1/core/block_pool.py).
+// The pool only does accounting; the memory itself lives on the workers and is
+// laid out by these block ids.
 //
-// Eviction order (tested against spec §9.4 test_prefill / test_evict):
+// Eviction order (tested against vLLM's tests/v1/core/test_prefix_caching.py
+// test_prefill / test_evict):
 //  * all blocks start free in id order; block 0 is the null block, never free;
 //  * freed blocks reaching ref 0 go to the HEAD if they carry no hash (reused
 //    first) and to the TAIL if they do (evicted last, LRU), each group in the

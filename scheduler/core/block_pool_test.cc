@@ -1,6 +1,7 @@
-// BlockPool and prefix-cache eviction order (spec §4.2–§4.4), including the
-// vLLM acceptance cases test_prefill, test_evict and test_decode (spec §9.4)
-// with their exact block ids.
+// BlockPool and prefix-cache eviction order (vLLM's BlockPool, block hashing
+// and KVCacheManager.get_computed_blocks), including the vLLM acceptance
+// cases test_prefill, test_evict and test_decode of
+// tests/v1/core/test_prefix_caching.py with their exact block ids.
 #include "scheduler/core/block_pool.h"
 
 #include <memory>
@@ -111,7 +112,7 @@ TEST(BlockPoolTest, FreedBlocksGoToHeadWithoutHashAndToTailWithHash) {
   EXPECT_FALSE(pool.block(2).has_hash);
 }
 
-// spec §9.4 test_prefill.
+// vLLM's test_prefix_caching.py::test_prefill.
 TEST(BlockPoolTest, PrefillEvictionOrder) {
   const EngineConfig config = CachingConfig();
   ASSERT_TRUE(config.Validate().ok());
@@ -162,7 +163,7 @@ TEST(BlockPoolTest, PrefillEvictionOrder) {
   EXPECT_EQ(kv.FindCachedPrefix(*MakeReq(config, 3, t0), &hits), 0);
 }
 
-// spec §9.4 test_evict.
+// vLLM's test_prefix_caching.py::test_evict.
 TEST(BlockPoolTest, EvictOrderAcrossRequests) {
   const EngineConfig config = CachingConfig();
   KvCacheManager kv(config);
@@ -193,8 +194,9 @@ TEST(BlockPoolTest, EvictOrderAcrossRequests) {
   EXPECT_THAT(pool.FreeQueueOrder(), ElementsAre(10, 5, 4, 3, 9, 8, 7));
 }
 
-// spec §9.4 test_decode, driven as a synchronous scheduler would: allocate
-// one slot, compute it, commit the sampled token, cache up to C.
+// vLLM's test_prefix_caching.py::test_decode, driven as a synchronous
+// scheduler would: allocate one slot, compute it, commit the sampled token,
+// cache up to C.
 TEST(BlockPoolTest, DecodeAllocatesOnlyWhenCrossingABlockBoundary) {
   const EngineConfig config = CachingConfig();
   KvCacheManager kv(config);

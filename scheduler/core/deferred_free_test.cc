@@ -1,5 +1,5 @@
-// Deferred block freeing (ARCHITECTURE §4.6): the cases of spec §9.2
-// (tests/v1/core/test_deferred_block_free.py) that apply to tandem, where the
+// Deferred block freeing (scheduler/README.md §4.6): the cases of vLLM's
+// tests/v1/core/test_deferred_block_free.py that apply to tandem, where the
 // gate is not a KV-connector role but the queue depth: frees are fenced
 // whenever more than one step can be in flight, and immediate at depth 1.
 // Prompt 33 tokens (3 blocks of 16), stop token 42, as in vLLM's tests.
@@ -25,7 +25,8 @@ constexpr TokenId kStop = 42;
 constexpr int32_t kPrompt = 33;
 
 // Drives a Scheduler directly, keeping the steps in flight in a queue and
-// checking the §4 invariants after every Schedule, Update and abort.
+// checking the invariants of scheduler/README.md §4 after every Schedule,
+// Update and abort.
 class DeferredFreeTest : public ::testing::Test {
  protected:
   void Start(const EngineConfig& config) {
@@ -85,7 +86,7 @@ class DeferredFreeTest : public ::testing::Test {
   int32_t initial_free_ = 0;
 };
 
-// §9.2 test_gate_disabled_without_connector, our form: at depth 1 the gate
+// vLLM's test_gate_disabled_without_connector, our form: at depth 1 the gate
 // is off and a stop frees at once.
 TEST_F(DeferredFreeTest, SyncFreesImmediately) {
   const EngineConfig config = VllmTestConfig(/*async_scheduling=*/false);
@@ -255,8 +256,9 @@ TEST_F(DeferredFreeTest, FenceHeldAcrossMultipleInFlightSteps) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
-// spec §3.5: a deferred free is fenced by the NEWEST scheduled step (which
-// keeps the deque sorted), even when the request's own last step is older.
+// As in vLLM's Scheduler._free_request_blocks: a deferred free is fenced by
+// the NEWEST scheduled step (which keeps the deque sorted), even when the
+// request's own last step is older.
 TEST_F(DeferredFreeTest, FenceIsTheNewestScheduledStep) {
   EngineConfig config = VllmTestConfig();
   config.batch_queue_depth = 3;
@@ -338,8 +340,9 @@ TEST_F(DeferredFreeTest, NonAsyncAbortDefersViaLastSchedSeq) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
-// ARCHITECTURE §4.6 / vLLM issue 49674: a victim whose free is deferred frees
-// nothing now, so preempting again would only empty the batch. 6 usable
+// scheduler/README.md §4.6 / vLLM issue 49674: a victim whose free is
+// deferred frees nothing now, so preempting again would only empty the
+// batch. 6 usable
 // blocks: request 0 (80 tokens, chunks of 32) holds 2, requests 1-3 (10
 // tokens) one each, 1 block is free; request 0's next chunk needs 2.
 TEST_F(DeferredFreeTest, NoPreemptionCascadeOnDeferredVictim) {

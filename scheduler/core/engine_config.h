@@ -1,7 +1,7 @@
 // EngineConfig: every knob of the scheduler and the engine loop, validated once
-// at startup (STYLE.md rule 6). Flag names in the CLI follow vLLM's
-// (--max-num-seqs, --max-num-batched-tokens, ...); the fields here carry the
-// same names in snake_case.
+// at startup (scheduler/README.md §9, convention 6). Flag names in the CLI
+// follow vLLM's (--max-num-seqs, --max-num-batched-tokens, ...); the fields
+// here carry the same names in snake_case.
 #ifndef TANDEM_SCHEDULER_CORE_ENGINE_CONFIG_H_
 #define TANDEM_SCHEDULER_CORE_ENGINE_CONFIG_H_
 
@@ -37,7 +37,8 @@ struct EngineConfig {
   // --- engine loop ---
   bool async_scheduling = true;
   int32_t pipeline_parallel_size = 1;
-  // Steps in flight at most. 0 = derived: async ? pp + 1 : pp (ARCHITECTURE §7).
+  // Steps in flight at most. 0 = derived: async ? pp + 1 : pp
+  // (scheduler/README.md §7).
   int32_t batch_queue_depth = 0;
   // Optional vocabulary size; prompts with ids outside [0, vocab_size) are
   // rejected when it is set (> 0).

@@ -1,7 +1,7 @@
-// EngineConfig::Validate (STYLE.md rule 6: validated once, with a message that
-// names the field) and request validation in Scheduler::AddRequest (rule 2: a
-// bad request never takes the process down, nor disturbs the requests that
-// are already running).
+// EngineConfig::Validate (scheduler/README.md §9, convention 6: validated
+// once, with a message that names the field) and request validation in
+// Scheduler::AddRequest (convention 2: a bad request never takes the process
+// down, nor disturbs the requests that are already running).
 #include "scheduler/core/engine_config.h"
 
 #include <deque>

@@ -1,4 +1,5 @@
-// EngineCore: the engine loop with a batch queue (spec §6.3, ARCHITECTURE §2).
+// EngineCore: the engine loop with a batch queue (vLLM's
+// EngineCore.step_with_batch_queue; scheduler/README.md §2).
 // Each Step() call first tries to fill the queue (schedule, Execute, Sample,
 // push) and returns at once while the queue has room; once it is full it
 // collects the oldest step's output, applies pending aborts and updates the

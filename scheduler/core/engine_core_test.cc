@@ -1,6 +1,7 @@
-// EngineCore: the batch-queue loop (spec §6.3), deferred sampling for
-// structured output (ARCHITECTURE §4.7), aborts before update (§4.9), and
-// how it treats a broken executor.
+// EngineCore: the batch-queue loop (vLLM's EngineCore.step_with_batch_queue),
+// deferred sampling for structured output (scheduler/README.md §4.7), aborts
+// before update (scheduler/README.md §4.9), and how it treats a broken
+// executor.
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -37,7 +38,8 @@ struct SeedRun {
   int64_t wasted = 0;
 };
 
-// The seed's walk-through: one 6-token prompt, budget 4, depth 2.
+// The worked example of scheduler/README.md §2: one 6-token prompt, budget 4,
+// depth 2.
 SeedRun RunSeedCase(int32_t max_tokens, int32_t eos_at, int32_t depth) {
   EngineConfig config = VllmTestConfig(depth > 1);
   config.max_num_batched_tokens = 4;

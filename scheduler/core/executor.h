@@ -1,6 +1,6 @@
 // Executor: what the engine loop drives. The forward pass and the sampling of
 // a step are separate calls so that a step's forward can start before its
-// sampling is allowed to run (structured output, ARCHITECTURE §4.7).
+// sampling is allowed to run (structured output, scheduler/README.md §4.7).
 //
 // Contract, for every step k in scheduling order:
 //   Execute(k) ... Sample(k) ... CollectOutput(k)

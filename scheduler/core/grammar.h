@@ -2,7 +2,8 @@
 // It advances only on committed tokens (in UpdateFromOutput), and fills the
 // allowed-token mask of the next position. A grammar must have seen token N
 // before it can mask token N+1, which is why steps of such requests defer
-// their sampling while a previous token is in flight (ARCHITECTURE §4.7).
+// their sampling while a previous token is in flight
+// (scheduler/README.md §4.7).
 //
 // Thread-compatible: owned by one Request, used on the engine thread only.
 #ifndef TANDEM_SCHEDULER_CORE_GRAMMAR_H_

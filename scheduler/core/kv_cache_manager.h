@@ -1,8 +1,8 @@
-// KvCacheManager: a request's view of the block pool (spec §4.4–§4.6). It
-// finds prefix-cache hits, allocates the blocks a step needs, registers
-// committed full blocks in the prefix cache, and frees a request's blocks
-// tail-first. Block tables live in Request::blocks; this class is their only
-// writer.
+// KvCacheManager: a request's view of the block pool (vLLM's KVCacheManager:
+// get_computed_blocks, allocate_slots, free). It finds prefix-cache hits,
+// allocates the blocks a step needs, registers committed full blocks in the
+// prefix cache, and frees a request's blocks tail-first. Block tables live in
+// Request::blocks; this class is their only writer.
 //
 // Thread-compatible: owned by the Scheduler on the engine thread.
 #ifndef TANDEM_SCHEDULER_CORE_KV_CACHE_MANAGER_H_

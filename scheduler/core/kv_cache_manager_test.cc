@@ -1,6 +1,7 @@
-// KvCacheManager::AllocateSlots (spec §4.5): what a failed allocation leaves
-// behind, the admission check for the whole sequence, the watermark, and the
-// capacity that touching an evictable prefix hit consumes.
+// KvCacheManager::AllocateSlots (vLLM's KVCacheManager.allocate_slots): what
+// a failed allocation leaves behind, the admission check for the whole
+// sequence, the watermark, and the capacity that touching an evictable prefix
+// hit consumes.
 #include "scheduler/core/kv_cache_manager.h"
 
 #include <memory>
@@ -220,7 +221,7 @@ TEST(KvCacheManagerTest, SharedPrefixHitsCostNoFreeCapacity) {
   EXPECT_EQ(kv.pool().block(1).ref_cnt, 2);
 }
 
-// ARCHITECTURE §4.5: a block is cached at schedule time only up to the
+// scheduler/README.md §4.5: a block is cached at schedule time only up to the
 // committed tokens, never the position an in-flight step is writing.
 TEST(KvCacheManagerTest, ScheduleTimeCachingStopsAtCommittedTokens) {
   const EngineConfig config = SmallPool();

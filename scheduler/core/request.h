@@ -1,5 +1,5 @@
 // Request: one generation request's state inside the scheduler, with the
-// counters of ARCHITECTURE §4:
+// counters of scheduler/README.md §4:
 //
 //   P  num_prompt_tokens()        N  num_tokens() = P + committed outputs
 //   C  num_computed_tokens        computed or scheduled (advanced at schedule time)
@@ -128,7 +128,7 @@ class alignas(64) Request {
   bool is_prefill_chunk = false;         // the last scheduled step did not sample
   RequestHandle handle;                  // stamped by the RequestTable
   StepSeq last_sched_seq = 0;            // fence: newest step that scheduled this request
-  int64_t next_decode_eligible_step = 0;  // pipeline cadence (ARCHITECTURE §7)
+  int64_t next_decode_eligible_step = 0;  // pipeline cadence (scheduler/README.md §7)
 
   // --- KV bookkeeping, written by the KvCacheManager only ---
   std::vector<BlockId> blocks;        // block i holds positions [i*B, (i+1)*B)

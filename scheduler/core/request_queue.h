@@ -1,4 +1,5 @@
-// RequestQueue: the waiting queue of one scheduling policy (spec §2.2).
+// RequestQueue: the waiting queue of one scheduling policy (vLLM's
+// Scheduler.waiting and skipped_waiting).
 //  * FCFS: arrival order; a preempted request is put back at the front.
 //  * Priority: ordered by (priority, arrival), lower first, whatever the
 //    insertion call; Prepend and Add are the same.

@@ -145,7 +145,7 @@ void Scheduler::Preempt(Request* request) {
   request->next_decode_eligible_step = 0;
   // Output already in flight was sampled from a correct context: it will be
   // delivered, but must not touch the reset counters, and the request is not
-  // re-admitted until it has drained (ARCHITECTURE §4.8).
+  // re-admitted until it has drained (scheduler/README.md §4.8).
   request->num_stale_output_tokens = request->num_in_flight_tokens;
   request->num_output_placeholders = 0;
   ++request->num_preemptions;

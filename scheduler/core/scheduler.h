@@ -1,6 +1,7 @@
 // Scheduler: plans every step (Schedule) and reconciles each step's result
 // (UpdateFromOutput), with synchronous and asynchronous behaviour
-// (ARCHITECTURE §4–§5, spec §2–§3).
+// (scheduler/README.md §4–§5; vLLM's Scheduler.schedule() and
+// update_from_output(), with AsyncScheduler's overrides).
 //
 //   Schedule()                two passes: running requests in admission order,
 //                             then waiting ones (FCFS or priority); token

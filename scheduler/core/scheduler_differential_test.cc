@@ -1,5 +1,5 @@
 // Randomized differential test of the scheduler and engine loop
-// (ARCHITECTURE §10): random arrivals, prompt lengths (some sharing
+// (scheduler/README.md §10): random arrivals, prompt lengths (some sharing
 // prefixes), budgets, KV pools small enough to force preemption, stop
 // tokens, priorities and aborts. For each workload, the synchronous engine,
 // async at queue depths 2 and 3, async with a pipeline cadence, and the

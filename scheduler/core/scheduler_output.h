@@ -1,6 +1,6 @@
-// The data of one step, as the engine sees it (ARCHITECTURE §3). These are
-// plain structs; scheduler/wire/step_codec.h converts them to and from the wire
-// messages in proto/tandem/v1/step.proto.
+// The data of one step, as the engine sees it (scheduler/README.md §3). These
+// are plain structs; scheduler/wire/step_codec.h converts them to and from the
+// wire messages in proto/tandem/v1/step.proto.
 //
 // A running request's entry never carries token ids: the worker feeds its
 // own last sampled token into the placeholder position. Only resumed

@@ -1,4 +1,5 @@
-// Scheduler::Schedule: the two passes of one step (spec §2.3, ARCHITECTURE §5).
+// Scheduler::Schedule: the two passes of one step (vLLM's Scheduler.schedule();
+// scheduler/README.md §5).
 #include <algorithm>
 
 #include "common/check.h"
@@ -79,8 +80,9 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     // Requests are scattered on the heap: fetch a few ahead.
     if (i + 4 < running_.size()) __builtin_prefetch(running_[i + 4]);
     Request* r = running_[i];
-    // Exact at any queue depth (ARCHITECTURE §4.4): when committed outputs plus
-    // placeholders reach max_tokens, every remaining token is already in flight.
+    // Exact at any queue depth (scheduler/README.md §4.4): when committed
+    // outputs plus placeholders reach max_tokens, every remaining token is
+    // already in flight.
     if (r->num_output_tokens() + r->num_output_placeholders >= r->max_tokens() ||
         current_step_ < r->next_decode_eligible_step) {
       ++i;

@@ -1,7 +1,7 @@
-// Scheduling policy (ARCHITECTURE §5, spec §2): budgets, caps, chunked
-// prefill, FCFS and priority, recompute preemption, the stop checks, and the
-// synchronous scheduler behind a batch queue (spec §9.5
-// test_engine_core_concurrent_batches).
+// Scheduling policy (scheduler/README.md §5; vLLM's Scheduler.schedule()):
+// budgets, caps, chunked prefill, FCFS and priority, recompute preemption, the
+// stop checks, and the synchronous scheduler behind a batch queue (vLLM's
+// tests/v1/engine/test_engine_core.py::test_engine_core_concurrent_batches).
 #include <deque>
 
 #include "gmock/gmock.h"
@@ -269,7 +269,7 @@ TEST(SchedulerTest, MaxModelLenCapsGeneration) {
   EXPECT_EQ(scheduler->stats().num_wasted_rows, 0);  // the length cap is known ahead, too
 }
 
-// spec §9.5 test_engine_core_concurrent_batches: the synchronous scheduler
+// vLLM's test_engine_core_concurrent_batches: the synchronous scheduler
 // behind a batch queue of 2 (pipeline parallelism without async scheduling).
 TEST(SchedulerTest, SyncSchedulerBehindABatchQueue) {
   EngineConfig config = VllmTestConfig(false);

@@ -1,5 +1,7 @@
 // Scheduler::UpdateFromOutput: reconciling a step with its result
-// (spec §3.2–§3.3, ARCHITECTURE §4.3, §4.5, §4.6, §4.8).
+// (vLLM's Scheduler.update_from_output() and
+// AsyncScheduler._update_request_with_output(); scheduler/README.md §4.3,
+// §4.5, §4.6, §4.8).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"

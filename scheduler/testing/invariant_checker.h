@@ -1,5 +1,5 @@
-// InvariantChecker: asserts the contract of ARCHITECTURE §4 at every step
-// boundary. Tests attach it to every engine they run; it crashes with a
+// InvariantChecker: asserts the contract of scheduler/README.md §4 at every
+// step boundary. Tests attach it to every engine they run; it crashes with a
 // description of the first violation.
 //
 // What it checks, after every schedule and every update:

@@ -1,7 +1,7 @@
-// Helpers shared by the scheduler tests: configs and requests shaped like the
-// vLLM acceptance tests (spec §9), a stand-in model output for driving the
-// Scheduler directly, and RunWorkload, which drives a whole EngineCore with a
-// FakeExecutor and the InvariantChecker attached.
+// Helpers shared by the scheduler tests: configs and requests shaped like
+// vLLM's acceptance tests (its tests/v1/core/utils.py), a stand-in model
+// output for driving the Scheduler directly, and RunWorkload, which drives a
+// whole EngineCore with a FakeExecutor and the InvariantChecker attached.
 #ifndef TANDEM_SCHEDULER_TESTING_SCHEDULER_TEST_UTIL_H_
 #define TANDEM_SCHEDULER_TESTING_SCHEDULER_TEST_UTIL_H_
 

@@ -1,6 +1,6 @@
-// The step protocol codec (ARCHITECTURE §3): round trips of real scheduler
-// outputs, the "no token ids for running requests" rule as it appears on the
-// wire, and rejection of malformed peer messages.
+// The step protocol codec (scheduler/README.md §3): round trips of real
+// scheduler outputs, the "no token ids for running requests" rule as it
+// appears on the wire, and rejection of malformed peer messages.
 #include "scheduler/wire/step_codec.h"
 
 #include <deque>

@@ -1,7 +1,7 @@
 // Communicator: moves bulk data between the workers of one pipeline group,
 // worker to worker, never through the scheduler: hidden states from stage r
 // to stage r+1, and each step's sampled token ids from the last stage back to
-// stage 0 (ARCHITECTURE §1, §7).
+// stage 0 (scheduler/README.md §1, §7).
 //
 // Contract:
 //  * Messages between two ranks arrive in the order they were sent, in each

@@ -1,5 +1,5 @@
-// ModelRunner: the worker's side of the step protocol (ARCHITECTURE §6) for
-// one pipeline stage. It keeps a persistent batch: one slot per live
+// ModelRunner: the worker's side of the step protocol (scheduler/README.md
+// §6) for one pipeline stage. It keeps a persistent batch: one slot per live
 // request (token history, block table, sampling state, a generation counter
 // so that a late result never lands in a reused slot) and applies each
 // SchedulerOutput as a diff.
@@ -16,12 +16,12 @@
 // sample). Tokens reach the host history when their copy completes; rows that
 // apply penalties wait for earlier copies first.
 //
-// Pipeline parallelism (ARCHITECTURE §7): every stage applies every step's
-// diff and computes the same positions and block tables. Stage r > 0 receives
-// the step's hidden states from r - 1; stage r < last sends its own to r + 1.
-// Only the last stage samples (Sample, CollectOutput); it sends each step's
-// sampled ids straight to stage 0, which writes them into last_sampled and
-// waits for them only when a decode row needs one.
+// Pipeline parallelism (scheduler/README.md §7): every stage applies every
+// step's diff and computes the same positions and block tables. Stage r > 0
+// receives the step's hidden states from r - 1; stage r < last sends its own
+// to r + 1. Only the last stage samples (Sample, CollectOutput); it sends each
+// step's sampled ids straight to stage 0, which writes them into last_sampled
+// and waits for them only when a decode row needs one.
 //
 // Thread-compatible: the worker's compute thread.
 #ifndef TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_

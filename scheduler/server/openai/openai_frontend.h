@@ -1,5 +1,5 @@
 // OpenAiFrontend: the OpenAI-compatible HTTP API of the scheduler process
-// (ARCHITECTURE §8), served by HttpServer:
+// (scheduler/README.md §8), served by HttpServer:
 //
 //   POST /v1/completions, /v1/chat/completions   (SSE with "stream": true)
 //   GET  /v1/models
