@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   g++ cmake ninja-build pkg-config
+  clang  # -fsyntax-only -Wthread-safety in ctest (tools/check_thread_safety.sh)
   libabsl-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libxxhash-dev libre2-dev
   libboost-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

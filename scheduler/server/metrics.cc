@@ -39,7 +39,7 @@ Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), c
 
 void Histogram::Observe(double value) {
   const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++counts_[bucket];
   sum_ += value;
 }
@@ -48,7 +48,7 @@ void Histogram::Render(const std::string& name, const std::string& labels, std::
   std::vector<uint64_t> counts;
   double sum = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     counts = counts_;
     sum = sum_;
   }

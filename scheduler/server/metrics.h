@@ -14,10 +14,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "scheduler/server/serving_engine.h"
 
 namespace tandem::scheduler {
@@ -26,16 +27,16 @@ namespace tandem::scheduler {
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
-  void Observe(double value);
+  void Observe(double value) ABSL_LOCKS_EXCLUDED(mu_);
   // Appends the _bucket, _sum and _count lines of `name`.
   // `labels` (may be empty) go on every sample, before `le`.
-  void Render(const std::string& name, const std::string& labels, std::string* out) const;
+  void Render(const std::string& name, const std::string& labels, std::string* out) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // guarded by mu_; one per bound, then +Inf
-  double sum_ = 0;                // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // one per bound, then +Inf
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A worker as the metrics see it.

@@ -21,52 +21,44 @@ void ServingEngine::Start() { thread_ = std::thread([this] { Run(); }); }
 
 void ServingEngine::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
+// Writers only change state under mu_: the engine thread's Await in Run
+// re-evaluates its condition whenever mu_ is released, so no notify is needed.
 void ServingEngine::Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    spec.id = next_id_++;
-    if (!external_id.empty()) {
-      if (!live_external_.emplace(external_id, spec.id).second) {
-        RequestOutput out;
-        out.id = spec.id;
-        out.finish_reason = FinishReason::kError;
-        out.error = absl::AlreadyExistsError(absl::StrCat("request id '", external_id, "' is already in use"));
-        sink->OnOutput(out);
-        return;
-      }
+  absl::MutexLock lock(&mu_);
+  spec.id = next_id_++;
+  if (!external_id.empty()) {
+    if (!live_external_.emplace(external_id, spec.id).second) {
+      RequestOutput out;
+      out.id = spec.id;
+      out.finish_reason = FinishReason::kError;
+      out.error = absl::AlreadyExistsError(absl::StrCat("request id '", external_id, "' is already in use"));
+      sink->OnOutput(out);
+      return;
     }
-    submissions_.push_back({std::move(external_id), std::move(spec), std::move(sink), std::chrono::steady_clock::now()});
   }
-  wake_.notify_all();
+  submissions_.push_back({std::move(external_id), std::move(spec), std::move(sink), std::chrono::steady_clock::now()});
 }
 
 bool ServingEngine::Abort(const std::string& external_id) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!live_external_.contains(external_id)) return false;
-    aborts_.push_back(external_id);
-  }
-  wake_.notify_all();
+  absl::MutexLock lock(&mu_);
+  if (!live_external_.contains(external_id)) return false;
+  aborts_.push_back(external_id);
   return true;
 }
 
 void ServingEngine::Wake() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    woken_ = true;
-  }
-  wake_.notify_all();
+  absl::MutexLock lock(&mu_);
+  woken_ = true;
 }
 
 ServingSnapshot ServingEngine::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return snapshot_;
 }
 
@@ -89,7 +81,7 @@ void ServingEngine::PublishSnapshot() {
     s.num_steps_in_flight = static_cast<int64_t>(engine_->in_flight().size());
     s.scheduler_seconds = engine_->scheduler_seconds();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   snapshot_ = s;
 }
 
@@ -142,7 +134,7 @@ void ServingEngine::FailWith(RequestId id, const std::shared_ptr<RequestSink>& s
   out.finish_reason = FinishReason::kError;
   out.error = status;
   sink->OnOutput(out);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (auto it = external_of_.find(id); it != external_of_.end()) live_external_.erase(it->second);
   external_of_.erase(id);
 }
@@ -166,7 +158,7 @@ void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
     if (!out.finished()) continue;
     sinks_.erase(it);
     arrival_.erase(out.id);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto e = external_of_.find(out.id); e != external_of_.end()) {
       live_external_.erase(e->second);
       external_of_.erase(e);
@@ -189,13 +181,15 @@ void ServingEngine::Run() {
     std::vector<Submission> submissions;
     std::vector<std::string> aborts;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       const bool busy = engine_ != nullptr && engine_->HasWork() && group_->ready();
       if (!busy) {
         // Idle, or waiting for the group: sleep until there is news. The
         // timeout covers a readiness change that raced with this check.
-        wake_.wait_for(lock, std::chrono::milliseconds(100),
-                       [&] { return stop_ || woken_ || !submissions_.empty() || !aborts_.empty(); });
+        auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || woken_ || !submissions_.empty() || !aborts_.empty();
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&news), absl::Milliseconds(100));
       }
       if (stop_) return;
       woken_ = false;
@@ -219,7 +213,7 @@ void ServingEngine::Run() {
     for (const std::string& external : aborts) {
       RequestId id = 0;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         auto it = live_external_.find(external);
         if (it == live_external_.end()) continue;
         id = it->second;
@@ -234,7 +228,7 @@ void ServingEngine::Run() {
         out.finish_reason = FinishReason::kAbort;
         queued->sink->OnOutput(out);
         waiting_for_group_.erase(queued);
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         live_external_.erase(external);
         external_of_.erase(id);
       } else if (engine_ != nullptr) {

@@ -16,14 +16,14 @@
 #define TANDEM_SCHEDULER_SERVER_SERVING_ENGINE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "scheduler/core/engine_core.h"
 #include "scheduler/core/scheduler.h"
 
@@ -76,17 +76,18 @@ class ServingEngine {
   ~ServingEngine();
 
   void Start();
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues a request. The id in `spec` is assigned here; `external_id`
   // (unique among live requests, may be empty) is the client's name for it.
   // Bad requests are answered through the sink with an error.
-  void Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink);
+  void Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts a live request by its client's name; false if there is none.
-  bool Abort(const std::string& external_id);
+  bool Abort(const std::string& external_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The group's readiness may have changed.
-  void Wake();
-  ServingSnapshot Snapshot() const;
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_);
+  ServingSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Submission {
@@ -106,13 +107,16 @@ class ServingEngine {
     ServingEngine* const engine_;
   };
 
-  void Run();
-  absl::Status EnsureScheduler();
-  void Admit(Submission submission);
-  void Dispatch(const std::vector<RequestOutput>& outputs);
-  void HandleFailure(const absl::Status& status);
-  void FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status);
-  void PublishSnapshot();
+  // The engine thread's methods: they take mu_ only briefly, to reach the
+  // inbox and the snapshot.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EnsureScheduler() ABSL_LOCKS_EXCLUDED(mu_);
+  void Admit(Submission submission) ABSL_LOCKS_EXCLUDED(mu_);
+  void Dispatch(const std::vector<RequestOutput>& outputs) ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleFailure(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  void FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishSnapshot() ABSL_LOCKS_EXCLUDED(mu_);
 
   const EngineConfig config_template_;
   ExecutorGroup* const group_;
@@ -120,15 +124,14 @@ class ServingEngine {
   const int32_t model_context_length_;
 
   // Inbox, shared with frontend threads.
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::vector<Submission> submissions_;          // guarded by mu_
-  std::vector<std::string> aborts_;              // guarded by mu_
-  absl::flat_hash_map<std::string, RequestId> live_external_;  // guarded by mu_
-  bool woken_ = false;                           // guarded by mu_
-  bool stop_ = false;                            // guarded by mu_
-  ServingSnapshot snapshot_;                     // guarded by mu_
-  RequestId next_id_ = 1;                        // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, RequestId> live_external_ ABSL_GUARDED_BY(mu_);
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ServingSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   // Engine thread only.
   ServingListener* listener_ = nullptr;

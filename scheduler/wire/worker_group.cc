@@ -11,7 +11,6 @@ WorkerGroup::WorkerGroup(WorkerGroupOptions options)
     : options_(std::move(options)), members_(options_.world_size) {}
 
 void WorkerGroup::Notify() {
-  changed_.notify_all();
   if (options_.on_change) options_.on_change();
 }
 
@@ -48,10 +47,10 @@ std::string WorkerGroup::CheckCompatible(const v1::RegisterWorker& info) const {
 }
 
 void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (message.has_register_()) {
     Register(link, message.register_());
-    lock.unlock();
+    lock.Release();
     Notify();
     return;
   }
@@ -82,7 +81,7 @@ void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) 
     default:
       break;
   }
-  lock.unlock();
+  lock.Release();
   Notify();
 }
 
@@ -153,7 +152,7 @@ void WorkerGroup::FailLocked(absl::Status status) {
 
 void WorkerGroup::OnDisconnect(WorkerLink* link, const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const std::optional<int32_t> rank = RankOf(link);
     if (!rank) return;
     members_[*rank].reset();
@@ -170,7 +169,7 @@ void WorkerGroup::OnDisconnect(WorkerLink* link, const std::string& reason) {
 
 void WorkerGroup::Reset() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     results_.clear();
     failure_ = absl::OkStatus();
     state_ = State::kForming;
@@ -180,12 +179,12 @@ void WorkerGroup::Reset() {
 }
 
 bool WorkerGroup::ready() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_ == State::kReady;
 }
 
 absl::Status WorkerGroup::failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_ == State::kBroken ? failure_ : absl::OkStatus();
 }
 
@@ -209,12 +208,12 @@ std::string WorkerGroup::DescribeLocked() const {
 }
 
 int32_t WorkerGroup::pool_blocks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pool_blocks_;
 }
 
 GroupStatus WorkerGroup::Status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   GroupStatus status;
   status.ready = state_ == State::kReady;
   status.description = DescribeLocked();
@@ -239,7 +238,7 @@ GroupStatus WorkerGroup::Status() const {
 absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
   v1::SchedulerMessage message;
   EncodeSchedulerOutput(step, message.mutable_execute());
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (state_ != State::kReady) {
     return failure_.ok() ? absl::UnavailableError(absl::StrCat("the worker group is not ready (", DescribeLocked(), ")"))
                          : failure_;
@@ -251,16 +250,16 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
 absl::Status WorkerGroup::Sample(StepSeq step_seq, const GrammarOutput* grammar) {
   v1::SchedulerMessage message;
   EncodeSampleCommand(step_seq, grammar, message.mutable_sample());
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (state_ != State::kReady) return failure_.ok() ? absl::UnavailableError("the worker group is not ready") : failure_;
   members_.back()->link->Send(message);  // only the last stage samples
   return absl::OkStatus();
 }
 
 absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool arrived = changed_.wait_for(lock, absl::ToChronoNanoseconds(options_.step_timeout),
-                                         [&] { return !failure_.ok() || !results_.empty(); });
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || !results_.empty(); };
+  const bool arrived = mu_.AwaitWithTimeout(absl::Condition(&done), options_.step_timeout);
   if (!failure_.ok()) return failure_;
   if (!arrived) {
     FailLocked(absl::DeadlineExceededError(absl::StrCat("worker rank ", members_.size() - 1, " did not answer step ",

@@ -19,14 +19,14 @@
 #ifndef TANDEM_SCHEDULER_WIRE_WORKER_GROUP_H_
 #define TANDEM_SCHEDULER_WIRE_WORKER_GROUP_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/core/executor.h"
 #include "scheduler/wire/worker_link.h"
@@ -64,23 +64,23 @@ class WorkerGroup : public ExecutorGroup {
   explicit WorkerGroup(WorkerGroupOptions options);
 
   // --- transport threads ---
-  void OnMessage(WorkerLink* link, const v1::WorkerMessage& message);
+  void OnMessage(WorkerLink* link, const v1::WorkerMessage& message) ABSL_LOCKS_EXCLUDED(mu_);
   // The link is gone; the group forgets it before this returns.
-  void OnDisconnect(WorkerLink* link, const std::string& reason);
+  void OnDisconnect(WorkerLink* link, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- any thread ---
-  GroupStatus Status() const;
-  bool ready() const override;
-  absl::Status failure() const override;
-  int32_t pool_blocks() const override;
+  GroupStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool ready() const override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status failure() const override ABSL_LOCKS_EXCLUDED(mu_);
+  int32_t pool_blocks() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- engine thread ---
   // After a failed step: drops results and the failure, and forms the group
   // again (at once if every rank is still connected).
-  void Reset() override;
-  absl::Status Execute(const SchedulerOutput& step) override;
-  absl::Status Sample(StepSeq step_seq, const GrammarOutput* grammar) override;
-  absl::StatusOr<ModelRunnerOutput> CollectOutput(StepSeq step_seq) override;
+  void Reset() override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Execute(const SchedulerOutput& step) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Sample(StepSeq step_seq, const GrammarOutput* grammar) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ModelRunnerOutput> CollectOutput(StepSeq step_seq) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class State { kForming, kConfiguring, kConnecting, kReady, kBroken };
@@ -94,25 +94,25 @@ class WorkerGroup : public ExecutorGroup {
     v1::WorkerStats stats;
   };
 
-  void Register(WorkerLink* link, const v1::RegisterWorker& info);
-  std::string CheckCompatible(const v1::RegisterWorker& info) const;
-  void MaybeConfigure();
-  void OnConfigured(int32_t rank, const v1::WorkerConfigured& configured);
-  void OnReady(int32_t rank, const v1::WorkerReady& ready);
-  void FailLocked(absl::Status status);
-  std::optional<int32_t> RankOf(WorkerLink* link) const;
-  void Notify();
-  std::string DescribeLocked() const;
+  void Register(WorkerLink* link, const v1::RegisterWorker& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string CheckCompatible(const v1::RegisterWorker& info) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeConfigure() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnConfigured(int32_t rank, const v1::WorkerConfigured& configured) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnReady(int32_t rank, const v1::WorkerReady& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<int32_t> RankOf(WorkerLink* link) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells on_change; called without the lock.
+  void Notify() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string DescribeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerGroupOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::vector<std::optional<Member>> members_;  // by rank; guarded by mu_
-  State state_ = State::kForming;               // guarded by mu_
-  int64_t epoch_ = 0;                           // guarded by mu_
-  int32_t pool_blocks_ = 0;                     // guarded by mu_
-  std::deque<v1::ModelRunnerOutput> results_;   // guarded by mu_
-  absl::Status failure_;                        // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::vector<std::optional<Member>> members_ ABSL_GUARDED_BY(mu_);  // by rank
+  State state_ ABSL_GUARDED_BY(mu_) = State::kForming;
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t pool_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<v1::ModelRunnerOutput> results_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::scheduler

@@ -11,14 +11,15 @@
 #include <cmath>
 #include <memory>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/tokenizer/byte_alphabet.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -465,26 +466,26 @@ class FakeOpenAiServer {
     stop_ = true;
     acceptor_.join();
     close(listen_fd_);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (std::thread& t : connections_) t.join();
   }
 
   ServerAddress address() const { return {"127.0.0.1", std::to_string(port_), ""}; }
   int posts() const { return posts_; }
   int peak_in_flight() const { return peak_; }
-  std::string last_authorization() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::string last_authorization() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return last_authorization_;
   }
 
  private:
-  void AcceptLoop() {
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_) {
     while (!stop_) {
       pollfd p{listen_fd_, POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       const int fd = accept(listen_fd_, nullptr, nullptr);
       if (fd < 0) continue;
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       connections_.emplace_back([this, fd] {
         Serve(fd);
         close(fd);
@@ -499,7 +500,7 @@ class FakeOpenAiServer {
     Send(fd, size + bytes + "\r\n");
   }
 
-  void Serve(int fd) {
+  void Serve(int fd) ABSL_LOCKS_EXCLUDED(mu_) {
     std::string request;
     char buffer[4096];
     size_t header_end;
@@ -526,7 +527,7 @@ class FakeOpenAiServer {
       return;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (size_t at = head.find("Authorization: "); at != std::string::npos) {
         last_authorization_ = head.substr(at + 15, head.find("\r\n", at) - at - 15);
       }
@@ -593,9 +594,9 @@ class FakeOpenAiServer {
   std::atomic<int> in_flight_{0};
   std::atomic<int> peak_{0};
   std::thread acceptor_;
-  std::mutex mu_;
-  std::vector<std::thread> connections_;
-  std::string last_authorization_;
+  absl::Mutex mu_;
+  std::vector<std::thread> connections_ ABSL_GUARDED_BY(mu_);
+  std::string last_authorization_ ABSL_GUARDED_BY(mu_);
 };
 
 constexpr double kFirstDelaySeconds = 0.040;

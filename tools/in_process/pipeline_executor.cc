@@ -7,7 +7,7 @@ namespace tandem::tools {
 
 PipelineExecutor::PipelineExecutor(std::vector<worker::ModelRunner*> stages, worker::LoopbackHub* hub,
                                    absl::Duration timeout)
-    : timeout_(timeout), hub_(hub) {
+    : timeout_(timeout), hub_(hub), queues_(stages.size()) {
   stages_.resize(stages.size());
   for (size_t i = 0; i < stages.size(); ++i) stages_[i].runner = stages[i];
   for (size_t i = 0; i < stages_.size(); ++i) stages_[i].thread = std::thread([this, i] { Run(i); });
@@ -15,41 +15,41 @@ PipelineExecutor::PipelineExecutor(std::vector<worker::ModelRunner*> stages, wor
 
 PipelineExecutor::~PipelineExecutor() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  changed_.notify_all();
   if (hub_ != nullptr) hub_->Close();  // wakes a stage blocked on a peer
   for (Stage& stage : stages_) stage.thread.join();
 }
 
+// The waits are Awaits on conditions over the guarded state: every release of
+// mu_ re-evaluates them, so writers do not signal.
 void PipelineExecutor::Push(size_t stage, Command command) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stages_[stage].queue.push_back(std::move(command));
-  }
-  changed_.notify_all();
+  absl::MutexLock lock(&mu_);
+  queues_[stage].push_back(std::move(command));
 }
 
 void PipelineExecutor::Fail(const absl::Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (failure_.ok()) failure_ = status;
   }
-  changed_.notify_all();
   if (hub_ != nullptr) hub_->Close();
 }
 
 void PipelineExecutor::Run(size_t index) {
   Stage& stage = stages_[index];
+  auto woken = [this, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !failure_.ok() || !queues_[index].empty();
+  };
   for (;;) {
     Command command;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return stop_ || !failure_.ok() || !stage.queue.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&woken));
       if (stop_ || !failure_.ok()) return;
-      command = std::move(stage.queue.front());
-      stage.queue.pop_front();
+      command = std::move(queues_[index].front());
+      queues_[index].pop_front();
     }
     if (!command.is_sample) {
       if (absl::Status s = stage.runner->Execute(command.execute); !s.ok()) {
@@ -63,11 +63,8 @@ void PipelineExecutor::Run(size_t index) {
     if (!output.ok()) {
       return Fail(absl::Status(output.status().code(), absl::StrCat("stage ", index, ": ", output.status().message())));
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      outputs_.push_back(std::move(output).value());
-    }
-    changed_.notify_all();
+    absl::MutexLock lock(&mu_);
+    outputs_.push_back(std::move(output).value());
   }
 }
 
@@ -88,9 +85,9 @@ absl::Status PipelineExecutor::Sample(StepSeq step_seq, const scheduler::Grammar
 }
 
 absl::StatusOr<scheduler::ModelRunnerOutput> PipelineExecutor::CollectOutput(StepSeq step_seq) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool ready = changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout_),
-                                       [&] { return !failure_.ok() || !outputs_.empty(); });
+  absl::MutexLock lock(&mu_);
+  auto ready_or_failed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || !outputs_.empty(); };
+  const bool ready = mu_.AwaitWithTimeout(absl::Condition(&ready_or_failed), timeout_);
   if (!failure_.ok()) return failure_;
   if (!ready) {
     return absl::DeadlineExceededError(

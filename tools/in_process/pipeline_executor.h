@@ -9,13 +9,13 @@
 #ifndef TANDEM_TOOLS_IN_PROCESS_PIPELINE_EXECUTOR_H_
 #define TANDEM_TOOLS_IN_PROCESS_PIPELINE_EXECUTOR_H_
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/core/executor.h"
 #include "tandem/v1/step.pb.h"
@@ -30,9 +30,9 @@ class PipelineExecutor : public scheduler::Executor {
   PipelineExecutor(std::vector<worker::ModelRunner*> stages, worker::LoopbackHub* hub, absl::Duration timeout);
   ~PipelineExecutor() override;
 
-  absl::Status Execute(const scheduler::SchedulerOutput& step) override;
-  absl::Status Sample(StepSeq step_seq, const scheduler::GrammarOutput* grammar) override;
-  absl::StatusOr<scheduler::ModelRunnerOutput> CollectOutput(StepSeq step_seq) override;
+  absl::Status Execute(const scheduler::SchedulerOutput& step) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Sample(StepSeq step_seq, const scheduler::GrammarOutput* grammar) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<scheduler::ModelRunnerOutput> CollectOutput(StepSeq step_seq) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Command {
@@ -42,21 +42,21 @@ class PipelineExecutor : public scheduler::Executor {
   };
   struct Stage {
     worker::ModelRunner* runner;
-    std::deque<Command> queue;  // guarded by mu_
     std::thread thread;
   };
-  void Push(size_t stage, Command command);
-  void Run(size_t index);
-  void Fail(const absl::Status& status);
+  void Push(size_t stage, Command command) ABSL_LOCKS_EXCLUDED(mu_);
+  // A stage's thread.
+  void Run(size_t index) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration timeout_;
   worker::LoopbackHub* const hub_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::vector<Stage> stages_;
-  std::deque<v1::ModelRunnerOutput> outputs_;  // guarded by mu_
-  absl::Status failure_;                       // guarded by mu_
-  bool stop_ = false;                          // guarded by mu_
+  absl::Mutex mu_;
+  std::vector<Stage> stages_;  // set up by the constructor
+  std::vector<std::deque<Command>> queues_ ABSL_GUARDED_BY(mu_);  // by stage
+  std::deque<v1::ModelRunnerOutput> outputs_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tandem::tools

@@ -1,6 +1,5 @@
 #include "worker/comm/loopback_communicator.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,24 +8,20 @@ namespace tandem::worker {
 
 LoopbackHub::LoopbackHub(int32_t world_size) : world_size_(world_size), queues_(world_size * world_size) {}
 
+// Recv's Await re-evaluates its condition whenever mu_ is released, so Close
+// and Send do not signal.
 void LoopbackHub::Close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-  }
-  changed_.notify_all();
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
 }
 
 absl::Status LoopbackCommunicator::Send(int32_t peer, const void* data, size_t bytes) {
   if (peer < 0 || peer >= world_size() || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot send to rank ", peer));
   }
-  {
-    std::lock_guard<std::mutex> lock(hub_->mu_);
-    if (hub_->closed_) return absl::UnavailableError("the pipeline group is closed");
-    hub_->At(rank_, peer).messages.emplace_back(static_cast<const char*>(data), bytes);
-  }
-  hub_->changed_.notify_all();
+  absl::MutexLock lock(&hub_->mu_);
+  if (hub_->closed_) return absl::UnavailableError("the pipeline group is closed");
+  hub_->At(rank_, peer).emplace_back(static_cast<const char*>(data), bytes);
   return absl::OkStatus();
 }
 
@@ -34,10 +29,10 @@ absl::Status LoopbackCommunicator::Recv(int32_t peer, void* data, size_t bytes, 
   if (peer < 0 || peer >= world_size() || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot receive from rank ", peer));
   }
-  std::unique_lock<std::mutex> lock(hub_->mu_);
-  auto& queue = hub_->At(peer, rank_).messages;
-  const bool arrived = hub_->changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                                              [&] { return hub_->closed_ || !queue.empty(); });
+  absl::MutexLock lock(&hub_->mu_);
+  std::deque<std::string>& queue = hub_->At(peer, rank_);
+  auto closed_or_arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub_->mu_) { return hub_->closed_ || !queue.empty(); };
+  const bool arrived = hub_->mu_.AwaitWithTimeout(absl::Condition(&closed_or_arrived), timeout);
   if (hub_->closed_) return absl::UnavailableError("the pipeline group is closed");
   if (!arrived) {
     return absl::DeadlineExceededError(

@@ -8,13 +8,13 @@
 #ifndef TANDEM_WORKER_COMM_LOOPBACK_COMMUNICATOR_H_
 #define TANDEM_WORKER_COMM_LOOPBACK_COMMUNICATOR_H_
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/comm/communicator.h"
 
 namespace tandem::worker {
@@ -24,20 +24,19 @@ class LoopbackHub {
   explicit LoopbackHub(int32_t world_size);
   int32_t world_size() const { return world_size_; }
   // Makes every Recv fail from now on (a stage died).
-  void Close();
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class LoopbackCommunicator;
-  struct Queue {
-    std::deque<std::string> messages;  // guarded by LoopbackHub::mu_
-  };
-  Queue& At(int32_t from, int32_t to) { return queues_[from * world_size_ + to]; }
+  std::deque<std::string>& At(int32_t from, int32_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queues_[from * world_size_ + to];
+  }
 
   const int32_t world_size_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::vector<Queue> queues_;
-  bool closed_ = false;  // guarded by mu_
+  absl::Mutex mu_;
+  // One message queue per ordered pair of ranks, by from * world_size + to.
+  std::vector<std::deque<std::string>> queues_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class LoopbackCommunicator : public Communicator {

@@ -13,16 +13,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <iterator>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace tandem::worker {
@@ -242,22 +242,23 @@ absl::StatusOr<int> DialOnce(const Endpoint& ep, const Hello& hello, absl::Time 
 }  // namespace
 
 // One connection. The sender thread and Send share the queue under `mu`; the
-// receive state belongs to the thread calling Recv for this peer.
+// receive state belongs to the thread calling Recv for this peer. Waits are
+// Awaits on conditions over the guarded state, re-evaluated whenever `mu` is
+// released, so writers do not signal.
 struct TcpCommunicator::Peer {
   Peer(int32_t r, int f) : rank(r), fd(f) {}
   const int32_t rank;
   const int fd;  // closed by ~TcpCommunicator only, so it is never reused early
 
-  std::mutex mu;
-  std::condition_variable cv;  // queue, stop, failure or idle changed
+  absl::Mutex mu;
   struct Frame {
     std::unique_ptr<uint8_t[]> bytes;  // header + payload, left uninitialized by new[]
     size_t size = 0;
   };
-  std::deque<Frame> queue;  // guarded by mu
-  bool writing = false;     // guarded by mu: sender holds a message
-  bool stop = false;        // guarded by mu
-  absl::Status failure;     // guarded by mu: first failure, OK while healthy
+  std::deque<Frame> queue ABSL_GUARDED_BY(mu);
+  bool writing ABSL_GUARDED_BY(mu) = false;  // sender holds a message
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  absl::Status failure ABSL_GUARDED_BY(mu);  // first failure, OK while healthy
   std::thread sender;
 
   FrameHeader header;  // Recv state: valid once header_got == sizeof(header)
@@ -316,14 +317,16 @@ TcpCommunicator::TcpCommunicator(int32_t rank, int32_t world_size, const Options
 
 TcpCommunicator::~TcpCommunicator() {
   // Let the senders flush what was queued, but never wait past the linger.
-  const auto linger_end = absl::ToChronoTime(absl::Now() + options_.close_linger);
+  const absl::Time linger_end = absl::Now() + options_.close_linger;
   for (auto& p : peers_) {
     if (p == nullptr) continue;
-    std::unique_lock<std::mutex> lock(p->mu);
-    p->stop = true;
-    p->cv.notify_all();
-    p->cv.wait_until(lock, linger_end,
-                     [&] { return (p->queue.empty() && !p->writing) || !p->failure.ok(); });
+    Peer* const peer = p.get();
+    absl::MutexLock lock(&peer->mu);
+    peer->stop = true;
+    auto flushed = [peer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu) {
+      return (peer->queue.empty() && !peer->writing) || !peer->failure.ok();
+    };
+    peer->mu.AwaitWithDeadline(absl::Condition(&flushed), linger_end);
   }
   // shutdown() wakes a sender stuck in poll() on a stalled peer.
   for (auto& p : peers_) {
@@ -468,19 +471,16 @@ absl::Status TcpCommunicator::Send(int32_t peer, const void* data, size_t bytes)
                     sizeof(header) + bytes};
   std::memcpy(&frame.bytes[0], &header, sizeof(header));
   if (bytes > 0) std::memcpy(&frame.bytes[sizeof(header)], data, bytes);
-  {
-    std::lock_guard<std::mutex> lock(p->mu);
-    if (!p->failure.ok()) return p->failure;
-    p->queue.push_back(std::move(frame));
-  }
-  p->cv.notify_all();
+  absl::MutexLock lock(&p->mu);
+  if (!p->failure.ok()) return p->failure;
+  p->queue.push_back(std::move(frame));
   return absl::OkStatus();
 }
 
 absl::Status TcpCommunicator::Recv(int32_t peer, void* data, size_t bytes, absl::Duration timeout) {
   TANDEM_ASSIGN_OR_RETURN(Peer * p, CheckPeer(peer, bytes, data == nullptr));
   {
-    std::lock_guard<std::mutex> lock(p->mu);
+    absl::MutexLock lock(&p->mu);
     if (!p->failure.ok()) return p->failure;
   }
   const absl::Time deadline = absl::Now() + timeout;
@@ -525,11 +525,14 @@ absl::Status TcpCommunicator::Recv(int32_t peer, void* data, size_t bytes, absl:
 }
 
 void TcpCommunicator::SenderLoop(Peer* p) {
+  auto woken = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
+    return p->stop || !p->queue.empty() || !p->failure.ok();
+  };
   for (;;) {
     Peer::Frame frame;
     {
-      std::unique_lock<std::mutex> lock(p->mu);
-      p->cv.wait(lock, [p] { return p->stop || !p->queue.empty() || !p->failure.ok(); });
+      absl::MutexLock lock(&p->mu);
+      p->mu.Await(absl::Condition(&woken));
       if (!p->failure.ok() || p->queue.empty()) return;  // failed, or stopped and flushed
       frame = std::move(p->queue.front());
       p->queue.pop_front();
@@ -537,10 +540,9 @@ void TcpCommunicator::SenderLoop(Peer* p) {
     }
     absl::Status s = WriteAll(p->fd, frame.bytes.get(), frame.size, absl::InfiniteFuture());
     {
-      std::lock_guard<std::mutex> lock(p->mu);
+      absl::MutexLock lock(&p->mu);
       p->writing = false;
     }
-    p->cv.notify_all();
     if (!s.ok()) {
       (void)Fail(p, absl::UnavailableError(absl::StrCat("rank ", rank_, " sending to rank ",
                                                         p->rank, ": ", s.message())));
@@ -551,7 +553,7 @@ void TcpCommunicator::SenderLoop(Peer* p) {
 
 absl::Status TcpCommunicator::Fail(Peer* p, absl::Status status) {
   {
-    std::lock_guard<std::mutex> lock(p->mu);
+    absl::MutexLock lock(&p->mu);
     if (p->failure.ok()) {
       p->failure =
           absl::UnavailableError(absl::StrCat("connection between rank ", rank_, " and rank ",
@@ -559,7 +561,6 @@ absl::Status TcpCommunicator::Fail(Peer* p, absl::Status status) {
     }
     p->queue.clear();
   }
-  p->cv.notify_all();
   shutdown(p->fd, SHUT_RDWR);  // the peer sees EOF instead of waiting for a timeout
   return status;
 }

@@ -60,21 +60,17 @@ v1::RegisterWorker WorkerServer::Registration() const {
   return r;
 }
 
+// Run's Await re-evaluates its condition whenever mu_ is released, so the
+// transport threads do not signal.
 void WorkerServer::OnMessage(v1::SchedulerMessage message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back(std::move(message));
-  }
-  changed_.notify_one();
+  absl::MutexLock lock(&mu_);
+  inbox_.push_back(std::move(message));
 }
 
 void WorkerServer::OnDisconnected(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    disconnected_ = true;
-    disconnect_reason_ = reason;
-  }
-  changed_.notify_one();
+  absl::MutexLock lock(&mu_);
+  disconnected_ = true;
+  disconnect_reason_ = reason;
 }
 
 absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, SchedulerLink* link) {
@@ -175,12 +171,13 @@ absl::Status WorkerServer::Run(SchedulerLink* link) {
   *hello.mutable_register_() = Registration();
   link->Send(hello);
   auto next_stats = Clock::now() + std::chrono::milliseconds(500);
+  auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return disconnected_ || !inbox_.empty(); };
   for (;;) {
     v1::SchedulerMessage message;
     const auto wait_start = Clock::now();
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait_until(lock, next_stats, [&] { return disconnected_ || !inbox_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&news), absl::FromChrono(next_stats - wait_start));
       if (disconnected_) return absl::UnavailableError(disconnect_reason_);
       if (!inbox_.empty()) {
         message = std::move(inbox_.front());

@@ -17,13 +17,13 @@
 #ifndef TANDEM_WORKER_SERVER_WORKER_SERVER_H_
 #define TANDEM_WORKER_SERVER_WORKER_SERVER_H_
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
@@ -62,11 +62,11 @@ class WorkerServer {
   v1::RegisterWorker Registration() const;
 
   // --- transport threads ---
-  void OnMessage(v1::SchedulerMessage message);
-  void OnDisconnected(const std::string& reason);
+  void OnMessage(v1::SchedulerMessage message) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnDisconnected(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs until the scheduler goes away; returns why.
-  absl::Status Run(SchedulerLink* link);
+  absl::Status Run(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit WorkerServer(const WorkerOptions& options) : options_(options) {}
@@ -93,11 +93,11 @@ class WorkerServer {
   double idle_seconds_ = 0;
   int64_t steps_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<v1::SchedulerMessage> inbox_;  // guarded by mu_
-  bool disconnected_ = false;               // guarded by mu_
-  std::string disconnect_reason_;           // guarded by mu_
+  // The inbox, shared with the transport threads.
+  absl::Mutex mu_;
+  std::deque<v1::SchedulerMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  bool disconnected_ ABSL_GUARDED_BY(mu_) = false;
+  std::string disconnect_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::worker

@@ -2,9 +2,10 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/rpc/grpc_options.h"
 #include "common/tokenizer/incremental_decoder.h"
 #include "scheduler/wire/step_codec.h"
@@ -19,15 +20,15 @@ class GenerateReactor;
 class StreamSink : public RequestSink {
  public:
   StreamSink(GenerateReactor* reactor, const Tokenizer* tokenizer) : reactor_(reactor), decoder_(tokenizer) {}
-  void OnOutput(const RequestOutput& output) override;
-  void Detach() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnOutput(const RequestOutput& output) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  GenerateReactor* reactor_;  // guarded by mu_
+  absl::Mutex mu_;
+  GenerateReactor* reactor_ ABSL_GUARDED_BY(mu_);
   IncrementalDecoder decoder_;  // engine thread only
 };
 
@@ -43,8 +44,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
   // From the sink (engine thread): queue one response; `final` ends the stream.
-  void Push(v1::GenerateResponse response, bool final, grpc::Status status) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Push(v1::GenerateResponse response, bool final, grpc::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (finished_) return;
     if (first_) {
       response.set_num_prompt_tokens(num_prompt_tokens_);
@@ -58,8 +59,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     if (!writing_) WriteNextLocked();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     queue_.pop_front();
     if (!ok) {
@@ -77,7 +78,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
  private:
-  void WriteNextLocked() {
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     if (!queue_.empty()) {
       writing_ = true;
@@ -86,7 +87,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       FinishLocked(status_);
     }
   }
-  void FinishLocked(const grpc::Status& status) {
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(status);
@@ -96,13 +97,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   const std::string external_id_;
   std::shared_ptr<StreamSink> sink_;
   int32_t num_prompt_tokens_ = 0;
-  std::mutex mu_;
-  std::deque<v1::GenerateResponse> queue_;  // guarded by mu_; front is being written
-  bool writing_ = false;                    // guarded by mu_
-  bool final_ = false;                      // guarded by mu_
-  bool finished_ = false;                   // guarded by mu_
-  bool first_ = true;                       // guarded by mu_
-  grpc::Status status_;                     // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 void StreamSink::OnOutput(const RequestOutput& output) {
@@ -126,7 +127,7 @@ void StreamSink::OnOutput(const RequestOutput& output) {
     response.set_finish_reason(FinishReasonName(output.finish_reason));
     if (output.finish_reason == FinishReason::kError) status = rpc::ToGrpc(output.error);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->Push(std::move(response), output.finished(), status);
 }
 

@@ -1,7 +1,10 @@
 #include "scheduler/server/grpc/grpc_worker_service.h"
 
 #include <deque>
-#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -14,8 +17,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
   }
 
   // --- WorkerLink (any thread; the group calls these under its lock) ---
-  void Send(const v1::SchedulerMessage& message) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Send(const v1::SchedulerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (finished_) return;
     out_.push_back(message);
     if (!writing_) {
@@ -24,17 +27,17 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
     }
   }
 
-  void Close(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close(const std::string& reason) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     FinishLocked(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, reason));
   }
 
   std::string peer() const override { return peer_; }
 
   // --- reactions ---
-  void OnReadDone(bool ok) override {
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!ok) {  // the worker closed its side, or the connection is gone
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       FinishLocked(grpc::Status::OK);
       return;
     }
@@ -42,8 +45,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
     StartRead(&in_);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     out_.pop_front();
     if (!ok) {
       writing_ = false;
@@ -57,19 +60,25 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
     }
   }
 
-  void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     reason_ = "cancelled (connection lost or keepalive expired)";
   }
 
-  void OnDone() override {
+  void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
+    std::string reason;
+    {
+      absl::MutexLock lock(&mu_);
+      reason = reason_;
+    }
     // Forget this link before it disappears: the group never calls it again.
-    group_->OnDisconnect(this, reason_);
+    // Not under mu_: the group calls Send and Close under its own lock.
+    group_->OnDisconnect(this, reason);
     delete this;
   }
 
  private:
-  void FinishLocked(const grpc::Status& status) {
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     if (reason_.empty()) reason_ = status.ok() ? "stream closed" : status.error_message();
@@ -79,11 +88,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
   WorkerGroup* const group_;
   const std::string peer_;
   v1::WorkerMessage in_;
-  std::mutex mu_;
-  std::deque<v1::SchedulerMessage> out_;  // guarded by mu_; front is being written
-  bool writing_ = false;                  // guarded by mu_
-  bool finished_ = false;                 // guarded by mu_
-  std::string reason_;                    // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<v1::SchedulerMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

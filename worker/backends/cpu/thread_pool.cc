@@ -10,10 +10,10 @@ ThreadPool::ThreadPool(int32_t num_threads) : num_threads_(std::max(1, num_threa
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -29,16 +29,14 @@ void ThreadPool::WorkerLoop(int32_t thread) {
   uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) wake_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
     }
     RunChunks(thread);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) done_.notify_one();
-    }
+    absl::MutexLock lock(&mu_);
+    if (--busy_ == 0) done_.Signal();
   }
 }
 
@@ -57,14 +55,14 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   chunk_ = (count + chunks - 1) / chunks;
   next_.store(0, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     busy_ = num_threads_ - 1;
     ++generation_;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   RunChunks(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return busy_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (busy_ != 0) done_.Wait(&mu_);
   fn_ = nullptr;
 }
 

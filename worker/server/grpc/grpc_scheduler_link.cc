@@ -10,7 +10,7 @@ GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer
 }
 
 void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (done_) return;
   out_.push_back(message);
   if (!writing_) {
@@ -27,7 +27,7 @@ void GrpcSchedulerLink::OnReadDone(bool ok) {
 }
 
 void GrpcSchedulerLink::OnWriteDone(bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   out_.pop_front();
   if (ok && !out_.empty()) {
     StartWrite(&out_.front());
@@ -38,15 +38,14 @@ void GrpcSchedulerLink::OnWriteDone(bool ok) {
 
 void GrpcSchedulerLink::OnDone(const grpc::Status& status) {
   server_->OnDisconnected(status.ok() ? "the scheduler closed the stream" : status.error_message());
-  std::lock_guard<std::mutex> lock(mu_);
-  done_ = true;
-  done_cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  done_ = true;  // wakes Shutdown's Await
 }
 
 void GrpcSchedulerLink::Shutdown() {
   context_.TryCancel();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return done_; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
 }
 
 }  // namespace tandem::worker

@@ -7,10 +7,10 @@
 #ifndef TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 #define TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "tandem/v1/worker_service.grpc.pb.h"
 #include "worker/server/worker_server.h"
 
@@ -22,23 +22,22 @@ class GrpcSchedulerLink : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::
   // `server` must outlive the link.
   GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server);
 
-  void Send(const v1::WorkerMessage& message) override;
+  void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the call and waits until gRPC is done with this reactor.
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnDone(const grpc::Status& status) override;
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnDone(const grpc::Status& status) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   WorkerServer* const server_;
   grpc::ClientContext context_;
   v1::SchedulerMessage in_;
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::deque<v1::WorkerMessage> out_;  // guarded by mu_; front is being written
-  bool writing_ = false;               // guarded by mu_
-  bool done_ = false;                  // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<v1::WorkerMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tandem::worker
