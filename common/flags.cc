@@ -93,8 +93,19 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
   return static_cast<int64_t>(value * scale);
 }
 
+std::string FormatByteSize(int64_t bytes) {
+  static const struct {
+    const char* suffix;
+    int64_t scale;
+  } kUnits[] = {{"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30}, {"MiB", int64_t{1} << 20}, {"KiB", 1024}};
+  for (const auto& unit : kUnits) {
+    if (bytes >= unit.scale && bytes % unit.scale == 0) return absl::StrCat(bytes / unit.scale, unit.suffix);
+  }
+  return std::to_string(bytes);
+}
+
 void FlagParser::AddBytes(const std::string& name, int64_t* target, const std::string& help) {
-  Flag flag{name, help, std::to_string(*target), false, nullptr};
+  Flag flag{name, help, FormatByteSize(*target), false, nullptr};
   flag.set = [target](const std::string& value) -> std::string {
     absl::StatusOr<int64_t> bytes = ParseByteSize(value);
     if (!bytes.ok()) return std::string(bytes.status().message());
@@ -176,7 +187,12 @@ std::string FlagParser::Usage() const {
   for (const Flag& flag : flags_) {
     out << "  --" << flag.name;
     if (!flag.is_bool) out << " VALUE";
-    out << "\n      " << flag.help << " (default: " << flag.default_text << ")\n";
+    out << "\n      " << flag.help;
+    // A help text may say its default in words ("default: none").
+    if (flag.help.find("default:") == std::string::npos) {
+      out << " (default: " << (flag.default_text.empty() ? "none" : flag.default_text) << ")";
+    }
+    out << "\n";
   }
   return out.str();
 }

@@ -1,5 +1,7 @@
-// A small typed command-line parser for tandem's executables. Flags live only
-// in main.cc files (STYLE.md rule 6); libraries receive typed config structs.
+// A small typed command-line parser for tandem's executables. Flags are
+// declared in main.cc files, or in a process's *_flags.h when `tandem serve`
+// forwards them too; libraries receive typed config structs
+// (scheduler/README.md §9, convention 6).
 // Every parse error names the flag and what was expected, so a bad flag exits
 // non-zero with a message a user can act on.
 //
@@ -26,6 +28,8 @@ namespace tandem {
 
 // Parses a byte size as AddBytes accepts it.
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
+// The shortest exact form ParseByteSize reads back: "1GiB", "96MiB", "1000".
+std::string FormatByteSize(int64_t bytes);
 
 class FlagParser {
  public:

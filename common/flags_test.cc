@@ -75,5 +75,29 @@ TEST(ParseByteSizeTest, UnitsAndErrors) {
   EXPECT_FALSE(ParseByteSize("-1GiB").ok());
 }
 
+TEST(FlagParserTest, ByteSizesFormatExactlyAndReadBack) {
+  for (int64_t bytes : {int64_t{1} << 30, int64_t{96} << 20, int64_t{3} << 10, int64_t{1000}, int64_t{0}}) {
+    auto back = ParseByteSize(FormatByteSize(bytes));
+    ASSERT_TRUE(back.ok()) << FormatByteSize(bytes);
+    EXPECT_EQ(*back, bytes) << FormatByteSize(bytes);
+  }
+  EXPECT_EQ(FormatByteSize(int64_t{1} << 30), "1GiB");
+  EXPECT_EQ(FormatByteSize((int64_t{3} << 20) + 1), "3145729");
+}
+
+TEST(FlagParserTest, UsageShowsDefaultsOnce) {
+  std::string empty;
+  int64_t bytes = int64_t{64} << 20;
+  std::string key;
+  FlagParser flags("prog", "test");
+  flags.AddString("path", &empty, "a file");
+  flags.AddBytes("memory", &bytes, "memory");
+  flags.AddString("key", &key, "a key (default: none)");
+  const std::string usage = flags.Usage();
+  EXPECT_THAT(usage, HasSubstr("a file (default: none)\n"));
+  EXPECT_THAT(usage, HasSubstr("memory (default: 64MiB)\n"));
+  EXPECT_THAT(usage, HasSubstr("a key (default: none)\n"));
+}
+
 }  // namespace
 }  // namespace tandem

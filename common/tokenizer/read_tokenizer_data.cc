@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/gguf/gguf_file.h"
+#include "common/gguf/model_file.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -96,9 +97,8 @@ absl::StatusOr<TokenizerData> ReadTokenizerData(const gguf::GgufFile& file) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
-  TANDEM_ASSIGN_OR_RETURN(TokenizerData data, ReadTokenizerData(**file));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> file, gguf::OpenModelFile(path));
+  TANDEM_ASSIGN_OR_RETURN(TokenizerData data, ReadTokenizerData(*file));
   return Tokenizer::Create(std::move(data));
 }
 

@@ -41,6 +41,19 @@ const std::string& TinyModel() {
   return path;
 }
 
+// A group for tests: the tiny model, small KV pools, a thread a worker, and
+// no drain when it stops.
+LocalClusterOptions TestCluster(int64_t stages = 1) {
+  LocalClusterOptions o;
+  o.scheduler.model = TinyModel();
+  o.scheduler.pipeline_parallel_size = stages;
+  o.scheduler.max_num_seqs = 64;
+  o.scheduler.shutdown_grace = 0;
+  o.worker.kv_cache_memory = int64_t{64} << 20;
+  o.worker.threads = 1;
+  return o;
+}
+
 struct Spec {
   std::vector<TokenId> prompt;
   int32_t max_tokens;
@@ -145,10 +158,9 @@ class DistributedTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
   const std::map<int, Outcome> expected = RunInProcess(Workload());
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.pipeline_parallel_size = GetParam().stages;
-  options.async_scheduling = GetParam().async_scheduling;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = GetParam().stages;
+  options.scheduler.async_scheduling = GetParam().async_scheduling;
   options.trace_steps = true;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -176,14 +188,13 @@ TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
 
 TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
   const std::map<int, Outcome> expected = RunInProcess(Workload());
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.pipeline_parallel_size = GetParam().stages;
-  options.async_scheduling = GetParam().async_scheduling;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = GetParam().stages;
+  options.scheduler.async_scheduling = GetParam().async_scheduling;
   // About 21 blocks on the stage with the most layers (4 KiB per layer and block).
   const int32_t stage_layers = (3 + GetParam().stages - 1) / GetParam().stages;
-  options.kv_cache_memory = std::to_string(21 * 4096 * stage_layers);
-  options.max_model_len = 112;
+  options.worker.kv_cache_memory = 21 * 4096 * stage_layers;
+  options.scheduler.max_model_len = 112;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ExpectSame(RunOnCluster(**cluster, Workload()), expected, "small pool");
@@ -246,10 +257,9 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
       EXPECT_EQ(expected, config.async_scheduling ? 1 : 0);
     }
 
-    LocalClusterOptions options;
-    options.model_path = TinyModel();
-    options.pipeline_parallel_size = config.stages;
-    options.async_scheduling = config.async_scheduling;
+    LocalClusterOptions options = TestCluster();
+    options.scheduler.pipeline_parallel_size = config.stages;
+    options.scheduler.async_scheduling = config.async_scheduling;
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(spec), nullptr, spec.prompt);
@@ -267,10 +277,9 @@ TEST(DistributedStopTest, AStopTokenWastesTheExpectedSteps) {
 // scheduler stays up and reports not ready; the restarted worker restores
 // service.
 TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresService) {
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.pipeline_parallel_size = 2;
-  options.max_model_len = 500;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = 2;
+  options.scheduler.max_model_len = 500;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 400, {}};
@@ -315,9 +324,8 @@ TEST(DistributedFaultTest, AKilledWorkerFailsItsRequestsAndARestartRestoresServi
 // scheduler must still notice, re-form the group when the worker is back, and
 // run the request that arrived in the meantime.
 TEST(DistributedFaultTest, AWorkerLostWhileIdleIsAcceptedBackAndWaitingRequestsRun) {
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.pipeline_parallel_size = 2;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = 2;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   (*cluster)->KillWorker(1);
@@ -346,9 +354,8 @@ TEST(DistributedFaultTest, AWorkerLostWhileIdleIsAcceptedBackAndWaitingRequestsR
 // Abort by the client's request id ends the stream with finish reason
 // "abort"; an unknown id is reported as not found.
 TEST(DistributedApiTest, AbortEndsTheStream) {
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.max_model_len = 500;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.max_model_len = 500;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 450, {}};
@@ -376,11 +383,10 @@ TEST(DistributedApiTest, AbortEndsTheStream) {
 // A worker that stops answering (SIGSTOP: its connection stays open) is
 // noticed by keepalive or the step timeout: its requests fail within seconds.
 TEST(DistributedFaultTest, AHungWorkerFailsItsRequestsWithinSeconds) {
-  LocalClusterOptions options;
-  options.model_path = TinyModel();
-  options.pipeline_parallel_size = 2;
-  options.max_model_len = 500;
-  options.step_timeout_seconds = 8;
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = 2;
+  options.scheduler.max_model_len = 500;
+  options.scheduler.step_timeout = 8;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Spec long_request{Workload()[1].prompt, 400, {}};

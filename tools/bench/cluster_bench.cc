@@ -18,9 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/default_model.h"
 #include "common/flags.h"
-#include "common/gguf/gguf_file.h"
+#include "common/gguf/model_file.h"
 #include "common/gguf/llama_config.h"
 #include "tools/client/grpc_generate_client.h"
 #include "tools/cluster/local_cluster.h"
@@ -101,30 +100,30 @@ absl::StatusOr<Result> RunOne(const LocalClusterOptions& options, int32_t vocab,
 
 int Main(int argc, char** argv) {
   LocalClusterOptions base;
-  base.model_path = DefaultModelPath();
-  base.kv_cache_memory = "1GiB";
+  base.scheduler.shutdown_grace = 0;  // nothing to drain between runs
   std::string stages_list = "1,2";
-  int64_t requests = 64, prompt_tokens = 64, output_tokens = 64, threads = 0;
+  int64_t requests = 64, prompt_tokens = 64, output_tokens = 64;
   FlagParser flags("cluster_bench", "Throughput and worker idle time of tandem's processes, async on and off.");
-  flags.AddString("model", &base.model_path, "GGUF model");
+  flags.AddString("model", &base.scheduler.model, "GGUF model");
   flags.AddString("stages", &stages_list, "pipeline sizes to run, comma-separated");
   flags.AddInt("requests", &requests, "concurrent requests", 1, 100000);
   flags.AddInt("prompt-tokens", &prompt_tokens, "prompt length", 1, 1 << 20);
   flags.AddInt("output-tokens", &output_tokens, "tokens generated per request", 1, 1 << 20);
-  flags.AddInt("threads", &threads, "CPU threads per worker (0: the machine's divided among workers)", 0, 1024);
-  flags.AddString("kv-cache-memory", &base.kv_cache_memory, "KV memory per worker");
+  flags.AddInt("threads", &base.worker.threads, "CPU threads per worker (0: the machine's divided among workers)", 0,
+               1024);
+  flags.AddBytes("kv-cache-memory", &base.worker.kv_cache_memory, "KV memory per worker");
   std::string log_dir;
   flags.AddString("log-dir", &log_dir, "keep the processes' logs under this folder (one subfolder per run)");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
-  auto file = gguf::GgufFile::Open(base.model_path);
+  auto file = gguf::OpenModelFile(base.scheduler.model);
   if (!file.ok()) {
     std::fprintf(stderr, "cluster_bench: %s\n", std::string(file.status().message()).c_str());
     return 1;
   }
   const auto config = gguf::ReadLlamaConfig(**file);
-  base.max_num_seqs = static_cast<int32_t>(std::max<int64_t>(requests, 1));
+  base.scheduler.max_num_seqs = std::max<int64_t>(requests, 1);
   std::printf("%s: %lld concurrent requests, %lld prompt + %lld output tokens each\n", config->name.c_str(),
               static_cast<long long>(requests), static_cast<long long>(prompt_tokens),
               static_cast<long long>(output_tokens));
@@ -139,9 +138,8 @@ int Main(int argc, char** argv) {
     double async_rate = 0;
     for (bool async : {true, false}) {
       LocalClusterOptions o = base;
-      o.pipeline_parallel_size = stages;
-      o.async_scheduling = async;
-      o.worker_threads = static_cast<int32_t>(threads);
+      o.scheduler.pipeline_parallel_size = stages;
+      o.scheduler.async_scheduling = async;
       if (!log_dir.empty()) o.directory = absl::StrCat(log_dir, "/pp", stages, async ? "_async" : "_sync");
       auto r = RunOne(o, config->vocab_size, requests, prompt_tokens, output_tokens);
       if (!r.ok()) {

@@ -72,27 +72,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     std::filesystem::create_directories(c->dir_, error);
   }
   const std::string port_file = c->dir_ + "/port";
-  std::vector<std::string> argv = {c->Binary("tandem-scheduler"),
-                                   "--model", options.model_path,
-                                   "--host", options.host,
-                                   "--port", std::to_string(options.port),
-                                   "--port-file", port_file,
-                                   "--pipeline-parallel-size", std::to_string(options.pipeline_parallel_size),
-                                   "--max-num-seqs", std::to_string(options.max_num_seqs),
-                                   "--max-num-batched-tokens", std::to_string(options.max_num_batched_tokens),
-                                   "--max-model-len", std::to_string(options.max_model_len),
-                                   "--step-timeout", std::to_string(options.step_timeout_seconds),
-                                   "--shutdown-grace", std::to_string(options.shutdown_grace_seconds)};
   const std::string http_port_file = c->dir_ + "/http_port";
-  argv.insert(argv.end(), {"--http-host", options.host, "--http-port", std::to_string(options.http_port)});
-  if (options.http_port >= 0) argv.insert(argv.end(), {"--http-port-file", http_port_file});
-  if (!options.api_key.empty()) argv.insert(argv.end(), {"--api-key", options.api_key});
-  if (!options.served_model_name.empty()) argv.insert(argv.end(), {"--served-model-name", options.served_model_name});
-  if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
-  if (options.trace_steps || !options.trace_steps_path.empty()) {
-    argv.push_back("--trace-steps");
-    argv.push_back(options.trace_steps_path.empty() ? c->trace_path() : options.trace_steps_path);
-  }
+  scheduler::SchedulerFlags scheduler_flags = options.scheduler;
+  if (options.trace_steps && scheduler_flags.trace_steps.empty()) scheduler_flags.trace_steps = c->trace_path();
+  std::vector<std::string> argv = {c->Binary("tandem-scheduler"),
+                                   "--host=" + options.host,
+                                   absl::StrCat("--port=", options.port),
+                                   "--port-file=" + port_file,
+                                   "--http-host=" + options.host,
+                                   absl::StrCat("--http-port=", options.http_port)};
+  if (options.http_port >= 0) argv.push_back("--http-port-file=" + http_port_file);
+  for (std::string& arg : scheduler_flags.ToArgs()) argv.push_back(std::move(arg));
   auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   c->scheduler_ = *scheduler;
@@ -115,8 +105,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (options.http_port >= 0) {
     if (absl::Status s = read_port(http_port_file, "HTTP", &c->http_port_); !s.ok()) return s;
   }
-  c->workers_.assign(options.pipeline_parallel_size, -1);
-  for (int32_t r = 0; r < options.pipeline_parallel_size; ++r) {
+  c->workers_.assign(options.scheduler.pipeline_parallel_size, -1);
+  for (int32_t r = 0; r < options.scheduler.pipeline_parallel_size; ++r) {
     if (absl::Status s = c->StartWorker(r); !s.ok()) return s;
   }
   if (absl::Status s = c->WaitReady(true, 60); !s.ok()) return s;
@@ -124,20 +114,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
 }
 
 absl::Status LocalCluster::StartWorker(int32_t rank) {
-  auto pid = Spawn({Binary("tandem-worker"), "--scheduler", target(), "--rank", std::to_string(rank),
-                    "--world-size", std::to_string(options_.pipeline_parallel_size), "--model", options_.model_path,
-                    "--kv-cache-memory", options_.kv_cache_memory, "--threads",
-                    std::to_string(WorkerThreads()), "--peer-timeout", "10"},
-                   absl::StrCat(dir_, "/worker", rank, ".log"));
+  worker::WorkerFlags worker_flags = options_.worker;
+  worker_flags.threads = WorkerThreads();
+  std::vector<std::string> argv = {Binary("tandem-worker"),
+                                   "--scheduler=" + target(),
+                                   absl::StrCat("--rank=", rank),
+                                   absl::StrCat("--world-size=", options_.scheduler.pipeline_parallel_size),
+                                   "--model=" + options_.scheduler.model,
+                                   absl::StrCat("--block-size=", options_.scheduler.block_size)};
+  for (std::string& arg : worker_flags.ToArgs()) argv.push_back(std::move(arg));
+  auto pid = Spawn(argv, absl::StrCat(dir_, "/worker", rank, ".log"));
   if (!pid.ok()) return pid.status();
   workers_[rank] = *pid;
   return absl::OkStatus();
 }
 
 int32_t LocalCluster::WorkerThreads() const {
-  if (options_.worker_threads > 0) return options_.worker_threads;
+  if (options_.worker.threads > 0) return static_cast<int32_t>(options_.worker.threads);
   const int32_t hardware = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, hardware / options_.pipeline_parallel_size);
+  return std::max<int32_t>(1, hardware / static_cast<int32_t>(options_.scheduler.pipeline_parallel_size));
 }
 
 void LocalCluster::SignalWorker(int32_t rank, int signal) {
@@ -219,7 +214,7 @@ void TerminateAll(const std::vector<pid_t*>& pids, double grace_seconds, const s
 
 void LocalCluster::Stop(const std::function<bool()>& hurry) {
   // The scheduler first, so that it can drain while its workers still run.
-  TerminateAll({&scheduler_}, options_.shutdown_grace_seconds + 2, hurry);
+  TerminateAll({&scheduler_}, options_.scheduler.shutdown_grace + 2, hurry);
   std::vector<pid_t*> workers;
   for (pid_t& pid : workers_) workers.push_back(&pid);
   TerminateAll(workers, 2, nullptr);

@@ -14,34 +14,32 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/server/scheduler_flags.h"
+#include "worker/server/worker_flags.h"
 
 namespace tandem::tools {
 
 struct LocalClusterOptions {
-  std::string model_path;
+  // On one machine a peer silent for 10 s is gone: a group recovers sooner
+  // than with the worker's own default.
+  LocalClusterOptions() { worker.peer_timeout = 10; }
+
+  // Forwarded to tandem-scheduler, and its model and block size to the
+  // workers too.
+  scheduler::SchedulerFlags scheduler;
+  // Forwarded to every tandem-worker; threads 0: the machine's hardware
+  // threads divided among the workers.
+  worker::WorkerFlags worker;
   std::string host = "127.0.0.1";
-  int32_t port = 0;                        // gRPC; 0: any free port
-  int32_t http_port = 0;                   // the OpenAI API on `host`; 0: any free port; -1: none
-  std::string api_key;                     // empty: none
-  std::string served_model_name;           // empty: the model file's name
+  int32_t port = 0;       // gRPC; 0: any free port
+  int32_t http_port = 0;  // the OpenAI API on `host`; 0: any free port; -1: none
   // Empty: a fresh directory under /tmp, removed by the destructor unless
   // `keep_directory`. Logs go there unless `inherit_output`.
   std::string directory;
   bool keep_directory = false;
   bool inherit_output = false;
-  int32_t pipeline_parallel_size = 1;
-  bool async_scheduling = true;
-  std::string kv_cache_memory = "64MiB";   // per worker
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 2048;
-  int32_t max_model_len = 0;
-  double step_timeout_seconds = 30;         // tandem-scheduler's default
-  // On Stop, the scheduler's time to let requests in flight finish
-  // (--shutdown-grace) before the workers are stopped.
-  double shutdown_grace_seconds = 0;
-  bool trace_steps = false;            // to trace_path()
-  std::string trace_steps_path;        // or here
-  int32_t worker_threads = 1;             // 0: the machine's threads divided among the workers
+  // Trace every step to trace_path() (unless scheduler.trace_steps names a file).
+  bool trace_steps = false;
   // The executables; empty: next to this program.
   std::string bin_dir;
 };
@@ -71,7 +69,7 @@ class LocalCluster {
   // `stop` becomes true (checked every 100 ms).
   std::string WaitForExit(const std::function<bool()>& stop);
   // Stops every process: the scheduler first (it drains for
-  // shutdown_grace_seconds; when `hurry` returns true it is told again, which
+  // --shutdown-grace; when `hurry` returns true it is told again, which
   // ends the drain), then the workers; SIGKILL for any that linger.
   void Stop(const std::function<bool()>& hurry = nullptr);
 

@@ -8,19 +8,14 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/gguf/model_file.h"
 #include "common/status_macros.h"
 
 namespace tandem::tools {
 
 absl::StatusOr<std::unique_ptr<InProcessEngine>> InProcessEngine::Create(const InProcessEngineOptions& options) {
   std::unique_ptr<InProcessEngine> e(new InProcessEngine());
-  auto file = gguf::GgufFile::Open(options.model_path);
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat("cannot load model ", options.model_path, ": ", file.status().message(),
-                                     " (tools/setup.sh fetches the default model)"));
-  }
-  e->file_ = std::move(file).value();
+  TANDEM_ASSIGN_OR_RETURN(e->file_, gguf::OpenModelFile(options.model_path));
   TANDEM_ASSIGN_OR_RETURN(e->config_, gguf::ReadLlamaConfig(*e->file_));
   TANDEM_ASSIGN_OR_RETURN(TokenizerData tokenizer_data, ReadTokenizerData(*e->file_));
   TANDEM_ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::Create(std::move(tokenizer_data)));

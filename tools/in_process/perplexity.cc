@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
+#include "common/gguf/model_file.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "worker/backends/cpu/cpu_backend.h"
@@ -80,7 +81,7 @@ absl::StatusOr<std::vector<float>> ChunkLogits(worker::Backend& backend, worker:
 absl::StatusOr<PerplexityResult> ComputePerplexity(const std::string& model_path, const std::string& text,
                                                    int32_t context, int32_t threads) {
   const auto start = std::chrono::steady_clock::now();
-  TANDEM_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::Open(model_path));
+  TANDEM_ASSIGN_OR_RETURN(auto file, gguf::OpenModelFile(model_path));
   TANDEM_ASSIGN_OR_RETURN(gguf::LlamaConfig config, gguf::ReadLlamaConfig(*file));
   TANDEM_ASSIGN_OR_RETURN(TokenizerData data, ReadTokenizerData(*file));
   TANDEM_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::Create(std::move(data)));

@@ -31,8 +31,7 @@ int Fail(int code, const std::string& message) {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
   auto tokenizer = LoadTokenizerFile(path);
   if (!tokenizer.ok() && absl::IsNotFound(tokenizer.status())) {
-    return absl::NotFoundError(absl::StrCat("--tokenizer: ", tokenizer.status().message(),
-                                            " (pass a GGUF file, or fetch the default with tools/setup.sh)"));
+    return absl::NotFoundError(absl::StrCat("--tokenizer: ", tokenizer.status().message()));
   }
   return tokenizer;
 }

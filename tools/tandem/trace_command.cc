@@ -1,6 +1,6 @@
-// `tandem trace`: the seed's walk-through (seed-async-scheduling.md, "Code"),
-// run on the real Scheduler and EngineCore with the FakeExecutor, for one
-// request. It prints what the scheduler plans and what comes back, with the
+// `tandem trace`: the worked example of scheduler/README.md §2, run on the
+// real Scheduler and EngineCore with the FakeExecutor, for one request. It
+// prints what the scheduler plans and what comes back, with the
 // computed / known / placeholder counters, and how many forward passes were
 // wasted.
 #include <cstdio>

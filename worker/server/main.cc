@@ -16,6 +16,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
+#include "worker/server/worker_flags.h"
 #include "worker/server/worker_server.h"
 
 int main(int argc, char** argv) {
@@ -23,30 +24,31 @@ int main(int argc, char** argv) {
   WorkerOptions o;
   o.model_path = tandem::DefaultModelPath();
   std::string scheduler = "127.0.0.1:50051";
-  int64_t rank = 0, world_size = 1, threads = 0, block_size = 16;
-  int64_t kv_cache_memory = o.kv_cache_bytes;
-  double peer_timeout = 30.0;
+  int64_t rank = 0, world_size = 1, block_size = o.block_size;
+  tandem::worker::WorkerFlags f;
   tandem::FlagParser flags("tandem-worker",
                            "A worker process: holds one pipeline stage of the model and runs the steps the\n"
                            "scheduler streams to it.");
   flags.AddString("scheduler", &scheduler, "the scheduler's HOST:PORT");
   flags.AddInt("rank", &rank, "this worker's pipeline stage", 0, 63);
   flags.AddInt("world-size", &world_size, "pipeline stages in the group", 1, 64);
-  flags.AddString("model", &o.model_path, "GGUF model file");
-  flags.AddBytes("kv-cache-memory", &kv_cache_memory, "memory for the KV cache");
-  flags.AddInt("threads", &threads, "CPU threads (0 = all)", 0, 1024);
-  flags.AddInt("block-size", &block_size, "tokens per KV block (as the scheduler's)", 1, 1024);
+  flags.AddString("model", &o.model_path, "GGUF model file (the scheduler's)");
+  flags.AddInt("block-size", &block_size, "tokens per KV block (the scheduler's)", 1, 1024);
   flags.AddString("comm-host", &o.comm_host, "address the other workers reach this one at");
-  flags.AddDouble("peer-timeout", &peer_timeout, "seconds to wait for another worker's data");
+  f.Register(&flags);
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
+  if (absl::Status s = f.Validate(); !s.ok()) {
+    std::fprintf(stderr, "tandem-worker: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   o.rank = static_cast<int32_t>(rank);
   o.world_size = static_cast<int32_t>(world_size);
-  o.threads = static_cast<int32_t>(threads);
   o.block_size = static_cast<int32_t>(block_size);
-  o.kv_cache_bytes = kv_cache_memory;
-  o.peer_timeout = absl::Seconds(peer_timeout);
+  o.threads = static_cast<int32_t>(f.threads);
+  o.kv_cache_bytes = f.kv_cache_memory;
+  o.peer_timeout = absl::Seconds(f.peer_timeout);
 
   auto server = tandem::worker::WorkerServer::Create(o);
   if (!server.ok()) {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/gguf/model_file.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "worker/comm/tcp_communicator.h"
@@ -23,7 +24,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
         absl::StrCat("rank ", options.rank, " is not in [0, world size ", options.world_size, ")"));
   }
   std::unique_ptr<WorkerServer> w(new WorkerServer(options));
-  TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::GgufFile::Open(options.model_path));
+  TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::OpenModelFile(options.model_path));
   TANDEM_ASSIGN_OR_RETURN(w->config_, gguf::ReadLlamaConfig(*w->file_));
   if (options.world_size > w->config_.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(options.world_size, " pipeline stages for a model of ",

@@ -1,0 +1,94 @@
+#include "scheduler/server/scheduler_flags.h"
+
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace tandem::scheduler {
+
+void SchedulerFlags::Register(FlagParser* flags) {
+  flags->AddString("model", &model, "GGUF model file (default: the SmolLM2 model that tools/setup.sh fetches)");
+  flags->AddInt("pipeline-parallel-size", &pipeline_parallel_size, "worker processes (pipeline stages)", 1, 64);
+  flags->AddInt("max-num-seqs", &max_num_seqs, "running requests at most", 1, 1 << 20);
+  flags->AddInt("max-num-batched-tokens", &max_num_batched_tokens, "tokens per step", 1, 1 << 24);
+  flags->AddInt("max-model-len", &max_model_len, "positions per request (0: the model's, capped by the KV cache)", 0,
+                1 << 24);
+  flags->AddInt("block-size", &block_size, "tokens per KV block (a power of two; workers use the same)", 1, 1024);
+  flags->AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
+  flags->AddBool("enable-prefix-caching", &enable_prefix_caching, "reuse KV blocks of shared prefixes");
+  flags->AddDouble("step-timeout", &step_timeout, "seconds to wait for a step's result before failing it");
+  flags->AddString("trace-steps", &trace_steps, "write every step and result to this file as JSON lines");
+  flags->AddString("api-key", &api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
+  flags->AddString("served-model-name", &served_model_name, "the model's name in the API (default: the file's name)");
+  flags->AddInt("http-threads", &http_threads, "threads that serve every HTTP connection", 1, 256);
+  flags->AddDouble("shutdown-grace", &shutdown_grace,
+                   "on SIGTERM or Ctrl-C, seconds to let requests in flight finish while refusing new ones "
+                   "(0: stop at once; a second signal ends the wait)");
+}
+
+absl::Status SchedulerFlags::Validate() const {
+  if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
+  if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
+  // Everything but the pool size can be checked now: give it room for any
+  // request, and a stand-in context when the model's is not known yet.
+  EngineConfig probe = ToEngineConfig();
+  if (probe.max_model_len == 0) probe.max_model_len = 2;
+  probe.num_kv_blocks = 1 << 30;
+  absl::Status status = probe.Validate();
+  if (status.ok()) return status;
+  // "invalid engine config: block_size must be ..." names the field, which
+  // is the flag in snake_case.
+  std::string message(status.message());
+  constexpr std::string_view kPrefix = "invalid engine config: ";
+  if (message.rfind(kPrefix, 0) == 0) {
+    const std::string rest = message.substr(kPrefix.size());
+    const size_t space = rest.find(' ');
+    message = absl::StrCat("flag --", absl::StrReplaceAll(rest.substr(0, space), {{"_", "-"}}), rest.substr(space));
+  }
+  return absl::InvalidArgumentError(message);
+}
+
+EngineConfig SchedulerFlags::ToEngineConfig() const {
+  EngineConfig config;
+  config.block_size = static_cast<int32_t>(block_size);
+  config.max_num_seqs = static_cast<int32_t>(max_num_seqs);
+  config.max_num_batched_tokens = static_cast<int32_t>(max_num_batched_tokens);
+  config.max_model_len = static_cast<int32_t>(max_model_len);
+  config.enable_prefix_caching = enable_prefix_caching;
+  config.async_scheduling = async_scheduling;
+  config.pipeline_parallel_size = static_cast<int32_t>(pipeline_parallel_size);
+  return config;
+}
+
+std::vector<std::string> SchedulerFlags::ToArgs() const {
+  auto flag = [](const char* name, const auto& value) { return absl::StrCat("--", name, "=", value); };
+  auto boolean = [](bool value) { return value ? "true" : "false"; };
+  std::vector<std::string> args = {
+      flag("model", model),
+      flag("pipeline-parallel-size", pipeline_parallel_size),
+      flag("max-num-seqs", max_num_seqs),
+      flag("max-num-batched-tokens", max_num_batched_tokens),
+      flag("max-model-len", max_model_len),
+      flag("block-size", block_size),
+      flag("async-scheduling", boolean(async_scheduling)),
+      flag("enable-prefix-caching", boolean(enable_prefix_caching)),
+      flag("step-timeout", step_timeout),
+      flag("http-threads", http_threads),
+      flag("shutdown-grace", shutdown_grace),
+  };
+  // Empty means unset for these.
+  if (!trace_steps.empty()) args.push_back(flag("trace-steps", trace_steps));
+  if (!api_key.empty()) args.push_back(flag("api-key", api_key));
+  if (!served_model_name.empty()) args.push_back(flag("served-model-name", served_model_name));
+  return args;
+}
+
+std::string SchedulerFlags::ServedModelName() const {
+  if (!served_model_name.empty()) return served_model_name;
+  std::string name = model.substr(model.find_last_of('/') + 1);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  return name;
+}
+
+}  // namespace tandem::scheduler

@@ -1,0 +1,56 @@
+// SchedulerFlags: the engine flags of tandem-scheduler, declared once. The
+// scheduler's main registers them; `tandem serve` registers the same ones,
+// validates them itself (a bad value fails at once, in the parent) and
+// forwards them to the scheduler it starts (ToArgs). Where the process
+// listens (hosts, ports, port files) is not here: a launcher chooses that.
+//
+// Thread-compatible; used from main() only.
+#ifndef TANDEM_SCHEDULER_SERVER_SCHEDULER_FLAGS_H_
+#define TANDEM_SCHEDULER_SERVER_SCHEDULER_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/default_model.h"
+#include "common/flags.h"
+#include "scheduler/core/engine_config.h"
+
+namespace tandem::scheduler {
+
+struct SchedulerFlags {
+  std::string model = DefaultModelPath();
+  int64_t pipeline_parallel_size = 1;
+  int64_t max_num_seqs = 128;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;  // 0: the model's, capped by what the KV cache holds
+  int64_t block_size = 16;
+  bool async_scheduling = true;
+  bool enable_prefix_caching = true;
+  double step_timeout = 30;  // seconds
+  std::string trace_steps;   // empty: no trace
+  std::string api_key;       // empty: none
+  std::string served_model_name;  // empty: the model file's name
+  int64_t http_threads = 2;
+  double shutdown_grace = 30;  // seconds
+
+  // Registers every flag above; the current values are the defaults shown.
+  void Register(FlagParser* flags);
+  // What can be checked before the model is read: the ranges the parser
+  // does not know and the engine configuration, but for the pool size.
+  // InvalidArgument naming the flag.
+  absl::Status Validate() const;
+  // The engine's configuration. The pool size, the vocabulary and (when
+  // max_model_len is 0) the model's limit come later.
+  EngineConfig ToEngineConfig() const;
+  // These flags as tandem-scheduler's arguments ("--name=value").
+  std::vector<std::string> ToArgs() const;
+  // The model's id in the API: --served-model-name, else the file's name
+  // without its directory and ".gguf".
+  std::string ServedModelName() const;
+};
+
+}  // namespace tandem::scheduler
+
+#endif  // TANDEM_SCHEDULER_SERVER_SCHEDULER_FLAGS_H_

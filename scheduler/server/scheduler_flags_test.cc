@@ -1,0 +1,89 @@
+#include "scheduler/server/scheduler_flags.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<SchedulerFlags> Parse(const std::vector<std::string>& args) {
+  SchedulerFlags f;
+  FlagParser flags("test", "test");
+  f.Register(&flags);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return s;
+  return f;
+}
+
+TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
+  auto f = Parse({"--model", "/m/x.gguf", "--pipeline-parallel-size=3", "--max-num-seqs", "7",
+                  "--max-num-batched-tokens=99", "--max-model-len=300", "--block-size=32", "--no-async-scheduling",
+                  "--no-enable-prefix-caching", "--step-timeout=2.5", "--trace-steps=/t.jsonl", "--api-key=k",
+                  "--served-model-name=n", "--http-threads=3", "--shutdown-grace=0"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto again = Parse(f->ToArgs());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->model, "/m/x.gguf");
+  EXPECT_EQ(again->pipeline_parallel_size, 3);
+  EXPECT_EQ(again->max_num_seqs, 7);
+  EXPECT_EQ(again->max_num_batched_tokens, 99);
+  EXPECT_EQ(again->max_model_len, 300);
+  EXPECT_EQ(again->block_size, 32);
+  EXPECT_FALSE(again->async_scheduling);
+  EXPECT_FALSE(again->enable_prefix_caching);
+  EXPECT_DOUBLE_EQ(again->step_timeout, 2.5);
+  EXPECT_EQ(again->trace_steps, "/t.jsonl");
+  EXPECT_EQ(again->api_key, "k");
+  EXPECT_EQ(again->served_model_name, "n");
+  EXPECT_EQ(again->http_threads, 3);
+  EXPECT_DOUBLE_EQ(again->shutdown_grace, 0);
+  EXPECT_EQ(again->ToArgs(), f->ToArgs());
+}
+
+TEST(SchedulerFlagsTest, DefaultsGiveTheDefaultEngine) {
+  SchedulerFlags f;
+  ASSERT_TRUE(f.Validate().ok());
+  const EngineConfig config = f.ToEngineConfig();
+  EXPECT_EQ(config.block_size, 16);
+  EXPECT_EQ(config.max_num_seqs, 128);
+  EXPECT_EQ(config.max_num_batched_tokens, 2048);
+  EXPECT_TRUE(config.async_scheduling);
+  EXPECT_TRUE(config.enable_prefix_caching);
+  EXPECT_EQ(config.EffectiveQueueDepth(), 2);
+}
+
+TEST(SchedulerFlagsTest, ValidateNamesTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"--block-size=24"}, "flag --block-size must be a power of two, got 24"},
+      {{"--step-timeout=0"}, "flag --step-timeout must be positive"},
+      {{"--step-timeout=nan"}, "flag --step-timeout must be positive"},
+      {{"--shutdown-grace=-1"}, "flag --shutdown-grace must not be negative"},
+  };
+  for (const Case& c : cases) {
+    auto f = Parse(c.args);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const absl::Status s = f->Validate();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.args[0];
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.args[0];
+  }
+  // What the parser knows, it refuses itself.
+  EXPECT_THAT(std::string(Parse({"--max-num-seqs=0"}).status().message()), HasSubstr("--max-num-seqs"));
+}
+
+TEST(SchedulerFlagsTest, ServedModelNameIsTheFileStemByDefault) {
+  SchedulerFlags f;
+  f.model = "/a/b/SmolLM2.Q4_1.gguf";
+  EXPECT_EQ(f.ServedModelName(), "SmolLM2.Q4_1");
+  f.model = "plain";
+  EXPECT_EQ(f.ServedModelName(), "plain");
+  f.served_model_name = "chosen";
+  EXPECT_EQ(f.ServedModelName(), "chosen");
+}
+
+}  // namespace
+}  // namespace tandem::scheduler

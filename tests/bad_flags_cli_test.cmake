@@ -1,0 +1,33 @@
+# Bad flags and files get a clear message and a non-zero exit at once, in
+# the process that was given them: `tandem serve` checks what it forwards
+# before it starts any child.
+function(expect_refusal expected_rc expected_message)
+  execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 20)
+  if(NOT rc STREQUAL "${expected_rc}")
+    message(FATAL_ERROR "${ARGN}: exit status ${rc}, expected ${expected_rc}\n${err}")
+  endif()
+  string(FIND "${err}" "${expected_message}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${ARGN}: expected the message\n  ${expected_message}\ngot\n${err}")
+  endif()
+  # Said once: the cause is not repeated by a caller that wraps it.
+  string(REPLACE "${expected_message}" "" rest "${err}")
+  string(FIND "${rest}" "${expected_message}" again)
+  if(NOT again EQUAL -1)
+    message(FATAL_ERROR "${ARGN}: the message appears twice:\n${err}")
+  endif()
+endfunction()
+
+set(missing "${CMAKE_CURRENT_BINARY_DIR}/no-such-model.gguf")
+expect_refusal(2 "flag --kv-cache-memory expects a size like 512MiB or 2GiB, got 'banana'"
+               ${TANDEM} serve --kv-cache-memory banana --port 0 --grpc-port 0)
+expect_refusal(2 "flag --block-size must be a power of two, got 3" ${TANDEM} serve --block-size 3 --port 0 --grpc-port 0)
+expect_refusal(2 "flag --step-timeout must be positive" ${TANDEM} serve --step-timeout 0 --port 0 --grpc-port 0)
+expect_refusal(2 "cannot open ${missing}: No such file or directory (tools/setup.sh fetches the default model)"
+               ${TANDEM} serve --model ${missing} --port 0 --grpc-port 0)
+expect_refusal(1 "cannot open ${missing}: No such file or directory (tools/setup.sh fetches the default model)"
+               ${SCHEDULER} --model ${missing} --port 0 --http-port -1)
+expect_refusal(1 "cannot open ${missing}: No such file or directory (tools/setup.sh fetches the default model)"
+               ${WORKER} --model ${missing})
+expect_refusal(2 "flag --kv-cache-memory expects a size" ${WORKER} --kv-cache-memory banana)
+expect_refusal(2 "flag --max-num-seqs must be in [1, 1048576], got 0" ${SCHEDULER} --max-num-seqs 0)
