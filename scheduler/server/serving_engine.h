@@ -1,4 +1,4 @@
-// ServingEngine: the scheduler process's engine thread (ARCHITECTURE §1).
+// ServingEngine: the scheduler process's engine thread (scheduler/README.md §1).
 // Frontends (gRPC, HTTP) submit requests and aborts from their own threads;
 // they only enqueue. The engine thread owns the Scheduler and the EngineCore,
 // takes no locks while it schedules, and hands each request's outputs to the
