@@ -120,6 +120,10 @@ struct AttentionParams {
   const int32_t* block_table_start;  // [num_seqs + 1] into block_tables
   const BlockId* block_tables;
   int32_t num_seqs;
+  // Host values, for choosing a launch shape: the longest context and the
+  // most query tokens of one sequence in this step.
+  int32_t max_seq_len;
+  int32_t max_query_len;
   int32_t num_heads;
   int32_t num_kv_heads;
   int32_t head_dim;

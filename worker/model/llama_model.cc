@@ -141,6 +141,8 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   attention.block_table_start = in.block_table_start;
   attention.block_tables = in.block_tables;
   attention.num_seqs = in.num_seqs;
+  attention.max_seq_len = in.max_seq_len;
+  attention.max_query_len = in.max_query_len;
   attention.num_heads = c.num_heads;
   attention.num_kv_heads = c.num_kv_heads;
   attention.head_dim = c.head_dim;

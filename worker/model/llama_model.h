@@ -41,6 +41,8 @@ struct ForwardInputs {
   const int32_t* block_table_start = nullptr;  // [num_seqs + 1]
   const BlockId* block_tables = nullptr;
   int32_t num_seqs = 0;
+  int32_t max_seq_len = 0;    // host: the longest context of a sequence
+  int32_t max_query_len = 0;  // host: the most tokens of one sequence
   const int32_t* logits_rows = nullptr;   // [num_logits_rows], last stage
   int32_t num_logits_rows = 0;
 };

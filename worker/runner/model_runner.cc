@@ -270,6 +270,10 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
   in.block_table_start = block_table_start_->as<int32_t>();
   in.block_tables = block_tables_->as<BlockId>();
   in.num_seqs = static_cast<int32_t>(seq_lens.size());
+  for (size_t s = 0; s < seq_lens.size(); ++s) {
+    in.max_seq_len = std::max(in.max_seq_len, seq_lens[s]);
+    in.max_query_len = std::max(in.max_query_len, query_start[s + 1] - query_start[s]);
+  }
   in.logits_rows = logits_rows_->as<int32_t>();
   in.num_logits_rows = static_cast<int32_t>(logits_rows.size());
   TANDEM_RETURN_IF_ERROR(model_->Forward(in, first_stage() ? nullptr : hidden_in_->as<float>(),

@@ -1,0 +1,94 @@
+// CudaBackend: the Backend on one NVIDIA GPU. Kernels are enqueued on one
+// compute stream; device-to-host copies go on a separate copy stream that
+// waits for the compute stream with an event, so a step's sampled ids travel
+// to the host while the next step computes. Weights are dequantized at load
+// (bf16 by default, fp32 as an exactness option) and multiplied through
+// cuBLAS with fp32 accumulation; activations and the KV cache are fp32, in
+// the CPU backend's layout ([num_blocks, block_size, kv_heads, head_dim] per
+// layer; block 0 is the null block).
+//
+// This header includes no CUDA header, so CPU code may see it: the stream
+// and handle types are forward-declared.
+//
+// Thread-compatible: the worker's compute thread drives it; Event::Wait may
+// be called from another thread (the output thread).
+#ifndef TANDEM_WORKER_BACKENDS_CUDA_CUDA_BACKEND_H_
+#define TANDEM_WORKER_BACKENDS_CUDA_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/backends/backend.h"
+
+struct CUstream_st;
+
+namespace tandem::worker {
+
+enum class CudaWeightType { kBf16, kFp32 };
+
+struct CudaBackendOptions {
+  int32_t device = 0;
+  CudaWeightType weight_type = CudaWeightType::kBf16;
+};
+
+struct CudaMemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+
+// OK when `device` can run kernels; otherwise FailedPrecondition naming the
+// cause (no driver, no device, the index out of range), never a crash.
+absl::Status CudaDeviceUsable(int32_t device);
+
+class CudaBackend : public Backend {
+ public:
+  // Selects the device, creates the streams and the cuBLAS handle.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  // Free and total memory of the device now (after the weights: the KV cache
+  // is sized from this with --gpu-memory-utilization).
+  absl::StatusOr<CudaMemoryInfo> MemoryInfo() const;
+  int32_t device() const { return options_.device; }
+  CUstream_st* compute_stream() const { return compute_; }
+  CUstream_st* copy_stream() const { return copy_; }
+
+  // Backend: see backend.h.
+  std::string name() const override { return "cuda"; }
+  int32_t num_threads() const override { return 1; }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Event>> DownloadAsync(const void* src, void* dst, size_t bytes) override;
+  absl::Status Synchronize() override;
+  absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) override;
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> LoadVector(const gguf::GgufTensor& tensor) override;
+  absl::Status Embedding(const EmbeddingParams& p) override;
+  absl::Status Matmul(const MatmulParams& p) override;
+  absl::Status RmsNorm(const RmsNormParams& p) override;
+  absl::Status Rope(const RopeParams& p) override;
+  absl::Status WriteKv(const WriteKvParams& p) override;
+  absl::Status PagedAttention(const AttentionParams& p) override;
+  absl::Status SiluMul(const SiluMulParams& p) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status GatherRows(const GatherRowsParams& p) override;
+  absl::Status CopyTokens(const CopyTokensParams& p) override;
+  absl::Status Sample(const SampleParams& p) override;
+
+ private:
+  class Impl;
+  CudaBackend(const CudaBackendOptions& options, std::unique_ptr<Impl> impl, CUstream_st* compute,
+              CUstream_st* copy);
+
+  const CudaBackendOptions options_;
+  std::unique_ptr<Impl> impl_;  // cuBLAS handle, staging ring, workspaces
+  CUstream_st* const compute_;
+  CUstream_st* const copy_;
+};
+
+}  // namespace tandem::worker
+
+#endif  // TANDEM_WORKER_BACKENDS_CUDA_CUDA_BACKEND_H_
