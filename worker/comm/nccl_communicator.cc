@@ -13,42 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/backends/cuda/cuda_status.h"
 
 namespace tandem::worker {
 namespace {
-
-// The one mapping from NCCL results to Status.
-absl::Status NcclStatus(ncclResult_t result, const char* what) {
-  if (result == ncclSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(what, ": ", std::string(ncclGetErrorString(result)));
-  const char* detail = ncclGetLastError(nullptr);
-  if (detail != nullptr && detail[0] != '\0')
-    absl::StrAppend(&message, " (", std::string(detail), ")");
-  switch (result) {
-    case ncclInvalidArgument: return absl::InvalidArgumentError(message);
-    case ncclInvalidUsage: return absl::FailedPreconditionError(message);
-    case ncclSystemError:  // sockets, shared memory, the network
-    case ncclRemoteError:  // a peer failed or went away
-    case ncclInProgress: return absl::UnavailableError(message);
-    default: return absl::InternalError(message);  // unhandled CUDA error, internal error
-  }
-}
-
-// The one mapping from CUDA runtime errors to Status.
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(what, ": ", std::string(cudaGetErrorName(error)), ": ",
-                                     std::string(cudaGetErrorString(error)));
-  switch (error) {
-    case cudaErrorMemoryAllocation: return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice: return absl::FailedPreconditionError(message);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidResourceHandle: return absl::InvalidArgumentError(message);
-    default: return absl::InternalError(message);
-  }
-}
 
 // Polls cheaply at first (a transfer often ends within microseconds), then
 // backs off to 1 ms so a long wait does not burn a core.

@@ -54,6 +54,9 @@ class CudaBackend : public Backend {
   // is sized from this with --gpu-memory-utilization).
   absl::StatusOr<CudaMemoryInfo> MemoryInfo() const;
   int32_t device() const { return options_.device; }
+  // Bytes of weights loaded so far (LoadWeight and LoadVector), as stored on
+  // the device (bf16 or fp32).
+  int64_t weight_bytes() const;
   CUstream_st* compute_stream() const { return compute_; }
   CUstream_st* copy_stream() const { return copy_; }
 

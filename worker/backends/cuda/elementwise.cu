@@ -1,1 +1,263 @@
-// Placeholder: filled in by the CUDA backend work (issue 10).
+// Kernels of elementwise.h. Each launcher checks its sizes on the host, skips
+// the launch when there is nothing to do, and returns the launch's error.
+// Index arithmetic is in int64_t wherever a product of sizes can pass 2^31.
+#include "worker/backends/cuda/elementwise.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backends/cuda/cuda_status.h"
+#include "worker/backends/portable/quant.h"
+#include "worker/backends/portable/rope.h"
+
+namespace tandem::worker {
+namespace {
+
+// Threads per CTA of every kernel here (a multiple of the warp size, which
+// BlockSum requires).
+constexpr int kThreads = 256;
+// CTAs of a grid-stride loop: enough to fill an H200 (132 SMs x 2048
+// threads) several times over; larger sizes loop.
+constexpr int64_t kMaxGridStrideBlocks = 4096;
+constexpr int64_t kMaxGridX = std::numeric_limits<int32_t>::max();
+
+unsigned GridStrideBlocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxGridStrideBlocks));
+}
+
+absl::Status Invalid(const char* kernel, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("cuda ", kernel, ": ", why));
+}
+
+// Sum of `v` over the CTA, returned to every thread. REQUIRES: blockDim.x is
+// a multiple of 32 and at most 1024; called by every thread of the CTA, once
+// per kernel (the shared array is not reused).
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? partial[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void EmbeddingKernel(const void* table, bool bf16, int64_t rows, int64_t dim, const TokenId* ids,
+                                float* out) {
+  const int64_t t = blockIdx.x;
+  const TokenId id = ids[t];
+  const bool valid = id >= 0 && id < rows;
+  const int64_t base = valid ? int64_t{id} * dim : 0;
+  float* dst = out + t * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    float v = 0.0f;
+    if (valid) {
+      v = bf16 ? portable::Bf16ToFloat(static_cast<const uint16_t*>(table)[base + c])
+               : static_cast<const float*>(table)[base + c];
+    }
+    dst[c] = v;
+  }
+}
+
+// In place is safe: every thread reads its elements for the sum before the
+// barrier inside BlockSum, and afterwards writes only the elements it reads.
+__global__ void RmsNormKernel(const float* x, const float* weight, float* out, int64_t dim, float eps) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* dst = out + static_cast<int64_t>(blockIdx.x) * dim;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) sum += row[c] * row[c];
+  sum = BlockSum(sum);
+  const float scale = 1.0f / sqrtf(sum / static_cast<float>(dim) + eps);
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = row[c] * scale * weight[c];
+}
+
+// One CTA per token; its threads take the (head, pair) items of q's heads
+// and then k's.
+__global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t num_heads, int32_t num_kv_heads,
+                           int32_t head_dim, int32_t rope_dim, float freq_base, float freq_scale) {
+  const int64_t t = blockIdx.x;
+  const int32_t pairs = rope_dim / 2;
+  const int32_t position = positions[t];
+  const int32_t items = (num_heads + num_kv_heads) * pairs;
+  for (int32_t item = threadIdx.x; item < items; item += blockDim.x) {
+    const int32_t h = item / pairs;
+    const int32_t i = item % pairs;
+    float* head = h < num_heads ? q + (t * num_heads + h) * head_dim
+                                : k + (t * num_kv_heads + (h - num_heads)) * head_dim;
+    float c, s;
+    portable::RopeCosSin(position, i, rope_dim, freq_base, freq_scale, &c, &s);
+    portable::RopeRotatePair(head + 2 * i, head + 2 * i + 1, c, s);
+  }
+}
+
+__global__ void WriteKvKernel(float* cache_k, float* cache_v, const float* k, const float* v, const int64_t* slots,
+                              int32_t kv_width) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  for (int32_t c = threadIdx.x; c < kv_width; c += blockDim.x) {
+    cache_k[slot * kv_width + c] = k[t * kv_width + c];
+    cache_v[slot * kv_width + c] = v[t * kv_width + c];
+  }
+}
+
+__global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void GatherRowsKernel(const float* x, const int32_t* rows, int64_t dim, float* out) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + int64_t{rows[i]} * dim;
+  float* dst = out + i * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = src[c];
+}
+
+__global__ void CopyTokensKernel(TokenId* dst, const int32_t* dst_index, const TokenId* src, const int32_t* src_index,
+                                 int32_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    dst[dst_index != nullptr ? dst_index[i] : i] = src[src_index != nullptr ? src_index[i] : i];
+  }
+}
+
+__global__ void DequantizeKernel(uint32_t type, const uint8_t* raw, int64_t n, void* out, bool to_bf16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = portable::DecodeElement(type, raw, i);
+    if (to_bf16) {
+      static_cast<uint16_t*>(out)[i] = portable::FloatToBf16(v);
+    } else {
+      static_cast<float*>(out)[i] = v;
+    }
+  }
+}
+
+__global__ void CastToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = portable::FloatToBf16(x[i]);
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchEmbedding(const EmbeddingParams& p, CUstream_st* stream) {
+  if (p.num_tokens < 0) return Invalid("embedding", absl::StrCat("num_tokens ", p.num_tokens));
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.table == nullptr || p.table->buffer == nullptr) return Invalid("embedding", "no table");
+  const int32_t format = p.table->format;
+  if (format != kCudaWeightBf16 && format != kCudaWeightFp32) {
+    return Invalid("embedding", absl::StrCat("the table's format ", format, " is not the CUDA backend's"));
+  }
+  if (p.ids == nullptr || p.out == nullptr) return Invalid("embedding", "null ids or out");
+  EmbeddingKernel<<<p.num_tokens, kThreads, 0, stream>>>(p.table->buffer->data(), format == kCudaWeightBf16,
+                                                         p.table->rows, p.table->cols, p.ids, p.out);
+  return LaunchStatus("EmbeddingKernel");
+}
+
+absl::Status LaunchRmsNorm(const RmsNormParams& p, CUstream_st* stream) {
+  if (p.rows < 0 || p.rows > kMaxGridX || p.dim <= 0) {
+    return Invalid("rms_norm", absl::StrCat("rows ", p.rows, ", dim ", p.dim));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr) return Invalid("rms_norm", "null pointer");
+  RmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p.x, p.weight, p.out, p.dim, p.eps);
+  return LaunchStatus("RmsNormKernel");
+}
+
+absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream) {
+  if (p.rope_dim % 2 != 0 || p.rope_dim < 0 || p.rope_dim > p.head_dim) {
+    return Invalid("rope", absl::StrCat("bad rotary dimension ", p.rope_dim, " of head_dim ", p.head_dim));
+  }
+  if (p.num_tokens < 0 || p.num_heads < 0 || p.num_kv_heads < 0) {
+    return Invalid("rope", absl::StrCat("num_tokens ", p.num_tokens, ", heads ", p.num_heads, "/", p.num_kv_heads));
+  }
+  if (int64_t{p.num_heads + p.num_kv_heads} * (p.rope_dim / 2) > std::numeric_limits<int32_t>::max()) {
+    return Invalid("rope", "too many heads");
+  }
+  if (p.num_tokens == 0 || p.rope_dim == 0 || p.num_heads + p.num_kv_heads == 0) return absl::OkStatus();
+  if (p.positions == nullptr || (p.num_heads > 0 && p.q == nullptr) || (p.num_kv_heads > 0 && p.k == nullptr)) {
+    return Invalid("rope", "null pointer");
+  }
+  RopeKernel<<<p.num_tokens, kThreads / 2, 0, stream>>>(p.q, p.k, p.positions, p.num_heads, p.num_kv_heads,
+                                                        p.head_dim, p.rope_dim, p.freq_base, p.freq_scale);
+  return LaunchStatus("RopeKernel");
+}
+
+absl::Status LaunchWriteKv(const WriteKvParams& p, CUstream_st* stream) {
+  if (p.num_tokens < 0 || p.kv_width <= 0) {
+    return Invalid("write_kv", absl::StrCat("num_tokens ", p.num_tokens, ", kv_width ", p.kv_width));
+  }
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.cache.k == nullptr || p.cache.v == nullptr || p.k == nullptr || p.v == nullptr || p.slots == nullptr) {
+    return Invalid("write_kv", "null pointer");
+  }
+  WriteKvKernel<<<p.num_tokens, kThreads, 0, stream>>>(p.cache.k, p.cache.v, p.k, p.v, p.slots, p.kv_width);
+  return LaunchStatus("WriteKvKernel");
+}
+
+absl::Status LaunchSiluMul(const SiluMulParams& p, CUstream_st* stream) {
+  if (p.rows < 0 || p.dim < 0) return Invalid("silu_mul", absl::StrCat("rows ", p.rows, ", dim ", p.dim));
+  const int64_t n = p.rows * p.dim;
+  if (n == 0) return absl::OkStatus();
+  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr) return Invalid("silu_mul", "null pointer");
+  SiluMulKernel<<<GridStrideBlocks(n), kThreads, 0, stream>>>(p.gate, p.up, p.out, n);
+  return LaunchStatus("SiluMulKernel");
+}
+
+absl::Status LaunchGatherRows(const GatherRowsParams& p, CUstream_st* stream) {
+  if (p.num_rows < 0 || p.dim < 0) {
+    return Invalid("gather_rows", absl::StrCat("num_rows ", p.num_rows, ", dim ", p.dim));
+  }
+  if (p.num_rows == 0 || p.dim == 0) return absl::OkStatus();
+  if (p.x == nullptr || p.rows == nullptr || p.out == nullptr) return Invalid("gather_rows", "null pointer");
+  GatherRowsKernel<<<p.num_rows, kThreads, 0, stream>>>(p.x, p.rows, p.dim, p.out);
+  return LaunchStatus("GatherRowsKernel");
+}
+
+absl::Status LaunchCopyTokens(const CopyTokensParams& p, CUstream_st* stream) {
+  if (p.count < 0) return Invalid("copy_tokens", absl::StrCat("count ", p.count));
+  if (p.count == 0) return absl::OkStatus();
+  if (p.dst == nullptr || p.src == nullptr) return Invalid("copy_tokens", "null pointer");
+  CopyTokensKernel<<<GridStrideBlocks(p.count), kThreads, 0, stream>>>(p.dst, p.dst_index, p.src, p.src_index,
+                                                                        p.count);
+  return LaunchStatus("CopyTokensKernel");
+}
+
+absl::Status LaunchDequantize(uint32_t type, const void* raw, int64_t n, void* out, bool to_bf16,
+                              CUstream_st* stream) {
+  if (!portable::IsDecodableType(type)) return Invalid("dequantize", absl::StrCat("ggml type ", type));
+  const bool quantized = type == portable::kGgmlQ8_0 || type == portable::kGgmlQ4_0 || type == portable::kGgmlQ4_1;
+  if (n < 0 || (quantized && n % portable::kQuantBlockElements != 0)) {
+    return Invalid("dequantize", absl::StrCat(n, " elements is not a whole number of blocks"));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (raw == nullptr || out == nullptr) return Invalid("dequantize", "null pointer");
+  DequantizeKernel<<<GridStrideBlocks(n), kThreads, 0, stream>>>(type, static_cast<const uint8_t*>(raw), n, out,
+                                                                 to_bf16);
+  return LaunchStatus("DequantizeKernel");
+}
+
+absl::Status LaunchCastToBf16(const float* x, int64_t n, uint16_t* out, CUstream_st* stream) {
+  if (n < 0) return Invalid("cast_to_bf16", absl::StrCat("n ", n));
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr || out == nullptr) return Invalid("cast_to_bf16", "null pointer");
+  CastToBf16Kernel<<<GridStrideBlocks(n), kThreads, 0, stream>>>(x, n, out);
+  return LaunchStatus("CastToBf16Kernel");
+}
+
+absl::Status CheckKernelImage() {
+  cudaFuncAttributes attributes;
+  return CudaStatus(cudaFuncGetAttributes(&attributes, CastToBf16Kernel),
+                    "this build's kernels on the current device (cudaFuncGetAttributes)");
+}
+
+}  // namespace tandem::worker
