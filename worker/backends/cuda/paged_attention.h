@@ -22,7 +22,14 @@ namespace tandem::worker {
 size_t PagedAttentionWorkspaceBytes(const AttentionParams& p);
 
 // Enqueues the attention of `p` on `stream`. InvalidArgument for bad
-// parameters (head_dim unsupported, workspace too small).
+// parameters, checked on the host before anything is enqueued (heads not
+// divisible, head_dim other than 64 or 128, block_size not a power of two,
+// max_query_len < 1 or > max_seq_len, q/out/cache not aligned to
+// head_dim / 32 floats, workspace smaller than PagedAttentionWorkspaceBytes);
+// a launch failure as cuda_status.h maps it. REQUIRES (device values the
+// host cannot check): every seq_lens[i] <= max_seq_len and every sequence's
+// query count <= max_query_len and <= its seq_len; a decode row whose context
+// exceeds what max_seq_len provided for is written as NaN, never truncated.
 absl::Status LaunchPagedAttention(const AttentionParams& p, void* workspace, size_t workspace_bytes,
                                   CUstream_st* stream);
 
