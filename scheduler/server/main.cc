@@ -83,7 +83,7 @@ openai::GroupView ViewOf(const WorkerGroup& group) {
   view.ready = status.ready;
   view.description = status.description;
   for (const WorkerStatus& w : status.workers) {
-    view.workers.push_back({w.rank, w.connected, w.busy_seconds, w.idle_seconds, w.steps});
+    view.workers.push_back({w.rank, w.connected, w.busy_seconds, w.idle_seconds, w.steps, w.backend, w.device});
   }
   return view;
 }

@@ -167,6 +167,12 @@ std::string ServingMetrics::Render(const ScrapeInput& in) const {
   for (const WorkerTimes& w : in.workers) {
     Sample(&out, "tandem:worker_connected", absl::StrCat(model, ",rank=\"", w.rank, "\""), w.connected ? 1 : 0);
   }
+  Family(&out, "tandem:worker_info", "gauge", "1 for each registered worker, with the backend and device it runs.");
+  for (const WorkerTimes& w : in.workers) {
+    if (!w.connected) continue;
+    Sample(&out, "tandem:worker_info",
+           absl::StrCat(model, ",rank=\"", w.rank, "\",backend=\"", w.backend, "\",device=\"", w.device, "\""), 1);
+  }
   return out;
 }
 

@@ -46,6 +46,8 @@ struct WorkerTimes {
   double busy_seconds = 0;
   double idle_seconds = 0;
   int64_t steps = 0;
+  std::string backend;  // empty while not registered
+  std::string device;
 };
 
 // What is read from the rest of the process at scrape time.

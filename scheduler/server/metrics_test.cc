@@ -54,7 +54,7 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   in.engine.prefix_cache_hits = 32;
   in.engine.stats.num_preemptions = 4;
   in.engine.stats.num_wasted_rows = 6;
-  in.workers = {{0, true, 2.0, 0.5, 10}, {1, false, 1.0, 1.5, 9}};
+  in.workers = {{0, true, 2.0, 0.5, 10, "cuda", "cuda:0"}, {1, false, 1.0, 1.5, 9}};
   const std::string text = metrics.Render(in);
   EXPECT_THAT(text, HasSubstr("tandem:num_requests_running{model_name=\"m\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("tandem:num_requests_waiting{model_name=\"m\"} 1\n"));
@@ -75,6 +75,9 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   EXPECT_THAT(text, HasSubstr("tandem:wasted_rows_total{model_name=\"m\"} 6\n"));
   EXPECT_THAT(text, HasSubstr("tandem:wasted_steps_total{model_name=\"m\"} 6\n"));  // the old name, until 0.2
   EXPECT_THAT(text, HasSubstr("tandem:worker_idle_seconds_total{model_name=\"m\",rank=\"1\"} 1.5\n"));
+  // Which backend and device each registered rank runs.
+  EXPECT_THAT(text, HasSubstr("tandem:worker_info{model_name=\"m\",rank=\"0\",backend=\"cuda\",device=\"cuda:0\"} 1\n"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("tandem:worker_info{model_name=\"m\",rank=\"1\"")));
   // Every sample carries the model's name, as vLLM's dashboards filter on it.
   EXPECT_THAT(text, HasSubstr("# TYPE tandem:time_to_first_token_seconds histogram\n"));
   // Every sample line is "name{labels} value" or "name value".

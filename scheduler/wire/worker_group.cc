@@ -124,6 +124,7 @@ void WorkerGroup::OnConfigured(int32_t rank, const v1::WorkerConfigured& configu
   member.configured_epoch = epoch_;
   member.comm_address = configured.comm_address();
   member.nccl_unique_id = configured.nccl_unique_id();
+  member.device_id = configured.device_id();
   for (const auto& m : members_) {
     if (m->configured_epoch != epoch_) return;
   }
@@ -131,7 +132,10 @@ void WorkerGroup::OnConfigured(int32_t rank, const v1::WorkerConfigured& configu
   v1::SchedulerMessage message;
   v1::ConnectGroup* connect = message.mutable_connect();
   connect->set_epoch(epoch_);
-  for (const auto& m : members_) connect->add_comm_addresses(m->comm_address);
+  for (const auto& m : members_) {
+    connect->add_comm_addresses(m->comm_address);
+    connect->add_device_ids(m->device_id);
+  }
   connect->set_nccl_unique_id(members_[0]->nccl_unique_id);
   for (auto& m : members_) m->link->Send(message);
 }
@@ -228,6 +232,8 @@ GroupStatus WorkerGroup::Status() const {
       w.busy_seconds = members_[r]->stats.busy_seconds();
       w.idle_seconds = members_[r]->stats.idle_seconds();
       w.steps = members_[r]->stats.steps();
+      w.backend = members_[r]->info.backend();
+      w.device = members_[r]->info.device();
       status.vocab_size = members_[r]->info.vocab_size();
     }
     status.workers.push_back(w);

@@ -48,6 +48,8 @@ struct WorkerStatus {
   double busy_seconds = 0;
   double idle_seconds = 0;
   int64_t steps = 0;
+  std::string backend;  // as the worker registered: "cpu", "cuda"
+  std::string device;   // "cpu", "cuda:0"
 };
 
 struct GroupStatus {
@@ -89,6 +91,7 @@ class WorkerGroup : public ExecutorGroup {
     v1::RegisterWorker info;
     std::string comm_address;
     std::string nccl_unique_id;
+    std::string device_id;
     int64_t configured_epoch = 0;
     int64_t ready_epoch = 0;
     v1::WorkerStats stats;

@@ -114,6 +114,9 @@ NcclCommunicator::~NcclCommunicator() {
       ncclCommAbort(comm_);
     }
   }
+  FreeStaging(send_);
+  FreeStaging(recv_);
+  if (ready_ != nullptr) cudaEventDestroy(ready_);
   cudaEventDestroy(done_);
 }
 
@@ -142,6 +145,7 @@ absl::Status NcclCommunicator::Abort(absl::Status why) {
 
 absl::Status NcclCommunicator::Send(int32_t peer, const void* data, size_t bytes) {
   TANDEM_RETURN_IF_ERROR(CheckCall(peer, data, bytes));
+  if (options_.compute_stream != nullptr && bytes > 0) return StagedSend(peer, data, bytes);
   ncclResult_t r = ncclSend(data, bytes, ncclUint8, peer, comm_, stream_);
   if (r == ncclInProgress) {
     return WaitWhileInProgress(absl::Now() + options_.send_timeout, "ncclSend");
@@ -153,32 +157,114 @@ absl::Status NcclCommunicator::Send(int32_t peer, const void* data, size_t bytes
 absl::Status NcclCommunicator::Recv(int32_t peer, void* data, size_t bytes,
                                     absl::Duration timeout) {
   TANDEM_RETURN_IF_ERROR(CheckCall(peer, data, bytes));
+  if (options_.compute_stream != nullptr && bytes > 0) return StagedRecv(peer, data, bytes, timeout);
   const absl::Time deadline = absl::Now() + timeout;
-  auto what = [&] {
-    return absl::StrCat("rank ", rank_, " receiving ", bytes, " bytes from rank ", peer);
-  };
+  const std::string what = absl::StrCat("rank ", rank_, " receiving ", bytes, " bytes from rank ", peer);
   ncclResult_t r = ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
   if (r == ncclInProgress) {
     TANDEM_RETURN_IF_ERROR(WaitWhileInProgress(deadline, "ncclRecv"));
   } else if (r != ncclSuccess) {
-    return Abort(NcclStatus(r, what().c_str()));
+    return Abort(NcclStatus(r, what.c_str()));
   }
+  return WaitForStream(deadline, what);
+}
+
+absl::Status NcclCommunicator::WaitForStream(absl::Time deadline, const std::string& what) {
+  const absl::Time start = absl::Now();
   absl::Status s = CudaStatus(cudaEventRecord(done_, stream_), "cudaEventRecord");
   if (!s.ok()) return Abort(s);
   Backoff backoff;
   for (;;) {
     cudaError_t e = cudaEventQuery(done_);
     if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return Abort(CudaStatus(e, what().c_str()));
+    if (e != cudaErrorNotReady) return Abort(CudaStatus(e, what.c_str()));
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm_, &state);
     if (state != ncclSuccess && state != ncclInProgress)
-      return Abort(NcclStatus(state, what().c_str()));
+      return Abort(NcclStatus(state, what.c_str()));
     if (absl::Now() >= deadline) {
       return Abort(absl::DeadlineExceededError(
-          absl::StrCat(what(), ": nothing within ", absl::FormatDuration(timeout))));
+          absl::StrCat(what, ": nothing within ", absl::FormatDuration(deadline - start))));
     }
     backoff.Wait();
+  }
+}
+
+// --- staging (Options::compute_stream) ---
+
+absl::Status NcclCommunicator::EnsureStaging(Staging& staging, int i, size_t bytes) {
+  if (staging.free[i] == nullptr) {
+    TANDEM_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&staging.free[i], cudaEventDisableTiming),
+                                      "cudaEventCreate (staging)"));
+  }
+  if (ready_ == nullptr) {
+    TANDEM_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate (staging)"));
+  }
+  if (staging.bytes[i] >= bytes) return absl::OkStatus();
+  if (staging.buffer[i] != nullptr) {
+    // Its last transfer or copy must be done before the memory goes.
+    TANDEM_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(staging.free[i]), "cudaEventSynchronize (staging)"));
+    TANDEM_RETURN_IF_ERROR(CudaStatus(cudaFree(staging.buffer[i]), "cudaFree (staging)"));
+    staging.buffer[i] = nullptr;
+    staging.bytes[i] = 0;
+  }
+  // Grown by doubling, from 64 KiB, so a growing batch reallocates rarely.
+  const size_t grown = std::max({bytes, size_t{64} << 10, 2 * staging.bytes[i]});
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&staging.buffer[i], grown), "cudaMalloc (staging)"));
+  staging.bytes[i] = grown;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::StagedSend(int32_t peer, const void* data, size_t bytes) {
+  const int i = send_.next;
+  send_.next ^= 1;
+  cudaStream_t compute = options_.compute_stream;
+  TANDEM_RETURN_IF_ERROR(EnsureStaging(send_, i, bytes));
+  // The compute stream copies into buffer i once the send from it (two
+  // messages back) is done; the send starts once the copy is done.
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(compute, send_.free[i], 0), "cudaStreamWaitEvent"));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(send_.buffer[i], data, bytes, cudaMemcpyDeviceToDevice, compute), "cudaMemcpyAsync (send staging)"));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ready_, compute), "cudaEventRecord"));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent"));
+  ncclResult_t r = ncclSend(send_.buffer[i], bytes, ncclUint8, peer, comm_, stream_);
+  if (r == ncclInProgress) {
+    TANDEM_RETURN_IF_ERROR(WaitWhileInProgress(absl::Now() + options_.send_timeout, "ncclSend"));
+  } else if (r != ncclSuccess) {
+    return Abort(NcclStatus(r, "ncclSend"));
+  }
+  absl::Status s = CudaStatus(cudaEventRecord(send_.free[i], stream_), "cudaEventRecord");
+  return s.ok() ? s : Abort(s);
+}
+
+absl::Status NcclCommunicator::StagedRecv(int32_t peer, void* data, size_t bytes, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string what = absl::StrCat("rank ", rank_, " receiving ", bytes, " bytes from rank ", peer);
+  const int i = recv_.next;
+  recv_.next ^= 1;
+  cudaStream_t compute = options_.compute_stream;
+  TANDEM_RETURN_IF_ERROR(EnsureStaging(recv_, i, bytes));
+  // Into buffer i once the compute stream copied the message two back out of it.
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, recv_.free[i], 0), "cudaStreamWaitEvent"));
+  ncclResult_t r = ncclRecv(recv_.buffer[i], bytes, ncclUint8, peer, comm_, stream_);
+  if (r == ncclInProgress) {
+    TANDEM_RETURN_IF_ERROR(WaitWhileInProgress(deadline, "ncclRecv"));
+  } else if (r != ncclSuccess) {
+    return Abort(NcclStatus(r, what.c_str()));
+  }
+  TANDEM_RETURN_IF_ERROR(WaitForStream(deadline, what));
+  // The message is in buffer i; the compute stream copies it into `data`
+  // after whatever it still runs that reads `data`.
+  TANDEM_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(data, recv_.buffer[i], bytes, cudaMemcpyDeviceToDevice, compute), "cudaMemcpyAsync (recv staging)"));
+  return CudaStatus(cudaEventRecord(recv_.free[i], compute), "cudaEventRecord");
+}
+
+void NcclCommunicator::FreeStaging(Staging& staging) {
+  for (int i = 0; i < 2; ++i) {
+    if (staging.buffer[i] != nullptr) cudaFree(staging.buffer[i]);  // waits for the device
+    if (staging.free[i] != nullptr) cudaEventDestroy(staging.free[i]);
   }
 }
 

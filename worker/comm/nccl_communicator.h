@@ -20,6 +20,23 @@
 //    cannot be resumed. Every later call returns Unavailable and the group
 //    must be rebuilt, so pass generous timeouts, not polling ones.
 //
+// With Options::compute_stream set (the worker's pipeline transport), the
+// communicator serves a stream that produces what it sends and consumes what
+// it receives, and keeps the Communicator contract in that stream's order:
+//  * Send copies `data` into one of two device staging buffers on the compute
+//    stream (so the copy sees every kernel enqueued before it), then sends
+//    the staging buffer on the communicator's stream once the copy is done.
+//    Work enqueued on the compute stream afterwards may overwrite `data`. The
+//    compute stream waits only before reusing a staging buffer, for the send
+//    from it two messages back: double buffering, guarded by events.
+//  * Recv receives into one of two staging buffers on the communicator's
+//    stream (after the compute stream finished reading that buffer, two
+//    messages back), waits for the transfer on the host as above, and then
+//    copies into `data` on the compute stream, after every kernel enqueued
+//    before it that may still read `data`.
+// Two communicators, each on its own stream, keep the two directions of a
+// pipeline independent (hidden states r -> r+1, sampled ids last -> 0).
+//
 // Thread-compatible: the worker's compute thread makes every call, with the
 // communicator's device current.
 #ifndef TANDEM_WORKER_COMM_NCCL_COMMUNICATOR_H_
@@ -54,6 +71,10 @@ class NcclCommunicator : public Communicator {
     absl::Duration send_timeout = absl::Seconds(60);
     // How long the destructor waits for in-flight transfers before aborting.
     absl::Duration close_timeout = absl::Seconds(5);
+    // The stream that produces sent data and consumes received data (not
+    // owned); null: the caller orders its streams itself, and data is used
+    // in place (no staging).
+    CUstream_st* compute_stream = nullptr;
   };
 
   // A fresh ncclUniqueId (NCCL_UNIQUE_ID_BYTES = 128 bytes), made on rank 0.
@@ -88,6 +109,20 @@ class NcclCommunicator : public Communicator {
   absl::Status WaitWhileInProgress(absl::Time deadline, const char* what);
   // Aborts the communicator, remembers why, and returns `why`.
   absl::Status Abort(absl::Status why);
+  // Waits on the host until `stream_` reaches its end, up to `deadline`.
+  absl::Status WaitForStream(absl::Time deadline, const std::string& what);
+  // Staging through two buffers per direction (compute_stream set).
+  struct Staging {
+    void* buffer[2] = {nullptr, nullptr};
+    size_t bytes[2] = {0, 0};
+    CUevent_st* free[2] = {nullptr, nullptr};  // the buffer's last use is done
+    int next = 0;
+  };
+  // Makes buffer `i` of `staging` hold `bytes`; waits for its last use first.
+  absl::Status EnsureStaging(Staging& staging, int i, size_t bytes);
+  absl::Status StagedSend(int32_t peer, const void* data, size_t bytes);
+  absl::Status StagedRecv(int32_t peer, void* data, size_t bytes, absl::Duration timeout);
+  void FreeStaging(Staging& staging);
 
   const int32_t rank_;
   const int32_t world_size_;
@@ -96,6 +131,8 @@ class NcclCommunicator : public Communicator {
   ncclComm* comm_;          // null once aborted
   const Options options_;
   absl::Status failure_;  // the reason for the abort; OK while usable
+  Staging send_, recv_;
+  CUevent_st* ready_ = nullptr;  // recorded on one stream for the other to wait on
 };
 
 }  // namespace tandem::worker

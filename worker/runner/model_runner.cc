@@ -40,6 +40,14 @@ ModelRunner::ModelRunner(Backend* backend, LlamaModel* model, ModelRunnerOptions
       << "a pipeline stage needs a communicator";
 }
 
+ModelRunner::~ModelRunner() {
+  // A copy still in flight writes into a step's buffers: they must outlive it.
+  // Steps handed out own theirs (StepOutput's destructor waits).
+  for (PendingStep& step : pending_) {
+    if (step.copied != nullptr) step.copied->Wait().IgnoreError();
+  }
+}
+
 absl::Status ModelRunner::EnsureCapacity(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes, bool keep) {
   if (buffer != nullptr && buffer->size() >= bytes) return absl::OkStatus();
   const size_t grown = std::max<size_t>({bytes, 256, buffer ? 2 * buffer->size() : 0});
@@ -159,6 +167,7 @@ absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
 }
 
 absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
+  TANDEM_RETURN_IF_ERROR(AbsorbFinished());
   if (last_stage() && !pending_.empty() && !pending_.back().sampled) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step.step_seq(), " executed before step ",
                                                       pending_.back().seq, " was sampled"));
@@ -294,8 +303,8 @@ absl::Status ModelRunner::ReceiveTokensThrough(uint64_t seq) {
     const int32_t rows = static_cast<int32_t>(next.slots.size());
     const size_t bytes = sizeof(uint64_t) + rows * sizeof(TokenId);
     TANDEM_RETURN_IF_ERROR(EnsureCapacity(token_message_, bytes, false));
-    TANDEM_RETURN_IF_ERROR(options_.communicator->Recv(options_.communicator->world_size() - 1,
-                                                       token_message_->data(), bytes, options_.peer_timeout));
+    TANDEM_RETURN_IF_ERROR(token_communicator()->Recv(token_communicator()->world_size() - 1, token_message_->data(),
+                                                      bytes, options_.peer_timeout));
     uint64_t got = 0;
     TANDEM_ASSIGN_OR_RETURN(auto copied, backend_->DownloadAsync(token_message_->data(), &got, sizeof(got)));
     TANDEM_RETURN_IF_ERROR(copied->Wait());
@@ -329,19 +338,42 @@ absl::Status ModelRunner::SendTokensToFirstStage(uint64_t seq, int32_t num_rows)
   TANDEM_RETURN_IF_ERROR(backend_->Upload(*token_message_, 0, &seq, sizeof(seq)));
   TANDEM_RETURN_IF_ERROR(backend_->CopyOnDevice(token_message_->as<char>() + sizeof(uint64_t), sampled_->data(),
                                                 num_rows * sizeof(TokenId)));
-  return options_.communicator->Send(0, token_message_->data(), bytes);
+  return token_communicator()->Send(0, token_message_->data(), bytes);
 }
 
 absl::Status ModelRunner::Absorb(PendingStep& step) {
   if (step.absorbed) return absl::OkStatus();
-  if (step.copied != nullptr) TANDEM_RETURN_IF_ERROR(step.copied->Wait());
+  if (step.taken != nullptr) {
+    TANDEM_RETURN_IF_ERROR(step.taken->Wait());
+  } else if (step.copied != nullptr) {
+    TANDEM_RETURN_IF_ERROR(step.copied->Wait());
+  }
+  const std::vector<TokenId>& tokens = step.taken != nullptr ? step.taken->tokens_ : step.tokens;
   for (const Row& row : step.rows) {
     if (!row.samples) continue;
     Slot& slot = slots_[row.slot];
     if (slot.generation != row.generation) continue;  // finished or preempted meanwhile
-    slot.tokens.push_back(step.tokens[row.logits_row]);
+    slot.tokens.push_back(tokens[row.logits_row]);
   }
   step.absorbed = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ModelRunner::TryAbsorb(PendingStep& step) {
+  if (step.absorbed) return true;
+  if (!step.sampled) return false;
+  const bool done = step.taken != nullptr ? step.taken->Done() : step.copied == nullptr || step.copied->Done();
+  if (!done) return false;
+  TANDEM_RETURN_IF_ERROR(Absorb(step));  // returns at once: the copies are done
+  return true;
+}
+
+absl::Status ModelRunner::AbsorbFinished() {
+  for (PendingStep& step : pending_) {
+    TANDEM_ASSIGN_OR_RETURN(bool absorbed, TryAbsorb(step));
+    if (!absorbed) break;  // histories grow in step order
+  }
+  while (!pending_.empty() && pending_.front().taken != nullptr && pending_.front().absorbed) pending_.pop_front();
   return absl::OkStatus();
 }
 
@@ -433,31 +465,77 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ModelRunnerOutput> ModelRunner::CollectOutput(uint64_t step_seq) {
-  if (pending_.empty() || pending_.front().seq != step_seq || !pending_.front().sampled) {
+absl::StatusOr<std::shared_ptr<StepOutput>> ModelRunner::TakeOutput(uint64_t step_seq) {
+  auto it = std::find_if(pending_.begin(), pending_.end(), [](const PendingStep& p) { return p.taken == nullptr; });
+  if (it == pending_.end() || it->seq != step_seq || !it->sampled) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step_seq, " has no output to collect"));
   }
-  PendingStep& step = pending_.front();
-  TANDEM_RETURN_IF_ERROR(Absorb(step));
+  PendingStep& step = *it;
+  auto out = std::make_shared<StepOutput>();
+  out->seq_ = step.seq;
+  for (const Row& row : step.rows) out->rows_.push_back({row.id, row.samples ? row.logits_row : -1});
+  // Moving a vector keeps its heap buffer, where the copies land.
+  out->tokens_ = std::move(step.tokens);
+  out->logprobs_ = std::move(step.logprobs);
+  out->top_ids_ = std::move(step.top_ids);
+  out->max_top_ = step.max_top;
+  out->row_logprobs_ = step.row_logprobs;
+  {
+    absl::MutexLock lock(&out->mu_);
+    out->copied_ = std::move(step.copied);
+  }
+  step.taken = out;
+  TANDEM_RETURN_IF_ERROR(AbsorbFinished());
+  return out;
+}
+
+absl::StatusOr<v1::ModelRunnerOutput> ModelRunner::CollectOutput(uint64_t step_seq) {
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<StepOutput> out, TakeOutput(step_seq));
+  absl::StatusOr<v1::ModelRunnerOutput> message = out->Serialize();
+  if (!message.ok()) return message.status();
+  TANDEM_RETURN_IF_ERROR(AbsorbFinished());  // the copy is done: the history is current
+  return message;
+}
+
+StepOutput::~StepOutput() { Wait().IgnoreError(); }
+
+absl::Status StepOutput::Wait() {
+  absl::MutexLock lock(&mu_);
+  if (copied_ == nullptr) return absl::OkStatus();
+  absl::Status s = copied_->Wait();
+  if (s.ok()) done_.store(true, std::memory_order_release);
+  return s;
+}
+
+bool StepOutput::Done() {
+  if (done_.load(std::memory_order_acquire)) return true;
+  if (!mu_.TryLock()) return false;  // another thread waits on the event
+  const bool done = copied_ == nullptr || copied_->Done();
+  mu_.Unlock();
+  if (done) done_.store(true, std::memory_order_release);
+  return done;
+}
+
+absl::StatusOr<v1::ModelRunnerOutput> StepOutput::Serialize() {
+  TANDEM_RETURN_IF_ERROR(Wait());
   v1::ModelRunnerOutput out;
-  out.set_step_seq(step.seq);
-  const bool with_logprobs = step.max_top >= 0;
-  for (const Row& row : step.rows) {
+  out.set_step_seq(seq_);
+  const bool with_logprobs = max_top_ >= 0;
+  for (const RowInfo& row : rows_) {
     out.add_request_ids(row.id);
-    out.add_num_sampled(row.samples ? 1 : 0);
+    out.add_num_sampled(row.logits_row >= 0 ? 1 : 0);
     v1::TokenLogprobs* lp = with_logprobs ? out.add_logprobs() : nullptr;
-    if (!row.samples) continue;
-    out.add_sampled_token_ids(step.tokens[row.logits_row]);
-    const int32_t wanted = step.row_logprobs[row.logits_row];
+    if (row.logits_row < 0) continue;
+    out.add_sampled_token_ids(tokens_[row.logits_row]);
+    const int32_t wanted = row_logprobs_[row.logits_row];
     if (lp == nullptr || wanted < 0) continue;
-    const int32_t stride = 1 + step.max_top;
-    lp->add_sampled_logprobs(step.logprobs[row.logits_row * stride]);
+    const int32_t stride = 1 + max_top_;
+    lp->add_sampled_logprobs(logprobs_[row.logits_row * stride]);
     for (int32_t i = 0; i < wanted; ++i) {
-      lp->add_top_token_ids(step.top_ids[row.logits_row * step.max_top + i]);
-      lp->add_top_logprobs(step.logprobs[row.logits_row * stride + 1 + i]);
+      lp->add_top_token_ids(top_ids_[row.logits_row * max_top_ + i]);
+      lp->add_top_logprobs(logprobs_[row.logits_row * stride + 1 + i]);
     }
   }
-  pending_.pop_front();
   return out;
 }
 

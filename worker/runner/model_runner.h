@@ -11,10 +11,18 @@
 // Which rows sample is decided by common/sampling_rule.h, the scheduler's
 // own rule.
 //
-// Call order, per step k: Execute(k), Sample(k), CollectOutput(k), with
-// Sample(k) before Execute(k+1) (a decode row of step k+1 needs step k's
-// sample). Tokens reach the host history when their copy completes; rows that
-// apply penalties wait for earlier copies first.
+// Call order, per step k: Execute(k), Sample(k), then TakeOutput(k) (or
+// CollectOutput(k), which also waits for it), with Sample(k) before
+// Execute(k+1) (a decode row of step k+1 needs step k's sample).
+//
+// The host's copy of the sampled ids: Sample(k) enqueues the device-to-host
+// copies; TakeOutput(k) hands them out as a StepOutput, which another thread
+// (the worker's output thread) waits on and serializes while this thread
+// runs step k+1. The runner's own state never leaves this thread: it reads
+// the same immutable StepOutput when the copy is done, and absorbs the tokens
+// into its slots' histories at its next call (Execute, TakeOutput), in
+// step order, without waiting; rows that apply penalties wait for earlier
+// copies first.
 //
 // Pipeline parallelism (scheduler/README.md §7): every stage applies every
 // step's diff and computes the same positions and block tables. Stage r > 0
@@ -23,17 +31,20 @@
 // step's sampled ids straight to stage 0, which writes them into last_sampled
 // and waits for them only when a decode row needs one.
 //
-// Thread-compatible: the worker's compute thread.
+// ModelRunner is thread-compatible: the worker's compute thread.
 #ifndef TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_
 #define TANDEM_WORKER_RUNNER_MODEL_RUNNER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "tandem/v1/step.pb.h"
 #include "worker/backends/backend.h"
 #include "worker/comm/communicator.h"
@@ -46,18 +57,76 @@ struct ModelRunnerOptions {
   // Key of the random draws of requests without a seed.
   uint64_t unseeded_rng_key = 0x9e3779b97f4a7c15ULL;
   // Pipeline stages only: the group's communicator (not owned) and how long
-  // to wait for a peer's data before failing the step.
+  // to wait for a peer's data before failing the step. `communicator`
+  // carries hidden states (rank r to r + 1); `token_communicator`, when set,
+  // carries the sampled ids (last rank to rank 0), otherwise `communicator`
+  // does. NCCL needs the two apart (worker/server/backend_factory.h).
   Communicator* communicator = nullptr;
+  Communicator* token_communicator = nullptr;
   absl::Duration peer_timeout = absl::Seconds(30);
+};
+
+// One sampled step's result on its way to the host (ModelRunner::TakeOutput):
+// the rows, and host buffers that the device's copies fill until its event
+// completes; nothing writes them after that. So one thread may wait on it and
+// serialize it while the compute thread reads the same tokens into its slots.
+//
+// Thread-safe. The destructor waits for the copies, whose destination it
+// owns.
+class StepOutput {
+ public:
+  StepOutput() = default;
+  ~StepOutput();
+  StepOutput(const StepOutput&) = delete;
+  StepOutput& operator=(const StepOutput&) = delete;
+
+  uint64_t step_seq() const { return seq_; }
+  // Blocks until the copies are done; their error if one failed.
+  absl::Status Wait() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the copies are done; never blocks (false while another thread
+  // is in Wait).
+  bool Done() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits, then the scheduler's message for the step.
+  absl::StatusOr<v1::ModelRunnerOutput> Serialize() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class ModelRunner;
+  struct RowInfo {
+    RequestId id;
+    int32_t logits_row;  // -1: the row does not sample
+  };
+
+  // Set by the runner before it hands the object out; read-only afterwards
+  // (the buffers are written by the device until `copied_` completes).
+  uint64_t seq_ = 0;
+  std::vector<RowInfo> rows_;
+  std::vector<TokenId> tokens_;        // per logits row
+  std::vector<float> logprobs_;        // per logits row: 1 + max_top
+  std::vector<TokenId> top_ids_;       // per logits row: max_top
+  int32_t max_top_ = -1;               // -1: no row asked for logprobs
+  std::vector<int32_t> row_logprobs_;  // per logits row: requested top-n, -1 none
+
+  // One thread at a time queries or waits on the event (a backend's Event
+  // need not be thread-safe).
+  absl::Mutex mu_;
+  std::unique_ptr<Event> copied_ ABSL_PT_GUARDED_BY(mu_);  // null: nothing to copy
+  std::atomic<bool> done_{false};
 };
 
 class ModelRunner {
  public:
   // `model` must have its KV cache allocated; both must outlive the runner.
   ModelRunner(Backend* backend, LlamaModel* model, ModelRunnerOptions options);
+  // Waits for the copies of steps not handed out (their buffers are ours).
+  ~ModelRunner();
 
   absl::Status Execute(const v1::SchedulerOutput& step);
   absl::Status Sample(const v1::SampleCommand& command);
+  // The output of sampled step `step_seq` (the oldest not yet taken), without
+  // waiting for its copies.
+  absl::StatusOr<std::shared_ptr<StepOutput>> TakeOutput(uint64_t step_seq);
+  // TakeOutput, then waits for it and serializes it (callers that have no
+  // output thread: the in-process executors, tests).
   absl::StatusOr<v1::ModelRunnerOutput> CollectOutput(uint64_t step_seq);
 
   size_t num_live_requests() const { return index_.size(); }
@@ -102,6 +171,10 @@ class ModelRunner {
     int32_t max_top = -1;              // -1: no row asked for logprobs
     std::vector<int32_t> row_logprobs; // per logits row: requested top-n, -1 none
     std::unique_ptr<Event> copied;
+    // Once TakeOutput handed the step out: its buffers and event moved here
+    // (the vectors above are then empty); the step stays in pending_ until
+    // its tokens are absorbed.
+    std::shared_ptr<StepOutput> taken;
   };
 
   absl::Status ApplyDiff(const v1::SchedulerOutput& step);
@@ -109,7 +182,16 @@ class ModelRunner {
   void FreeSlot(RequestId id);
   absl::Status SetBlocks(Slot& slot, const int32_t* ids, int32_t count, bool replace);
   absl::Status EnsureCapacity(std::unique_ptr<DeviceBuffer>& buffer, size_t bytes, bool keep);
+  // Appends a sampled step's tokens to its slots' histories, waiting for the
+  // copies; TryAbsorb does so only when they are done.
   absl::Status Absorb(PendingStep& step);
+  absl::StatusOr<bool> TryAbsorb(PendingStep& step);
+  // Absorbs finished copies in step order and forgets steps taken and
+  // absorbed; stops at the first copy still in flight.
+  absl::Status AbsorbFinished();
+  Communicator* token_communicator() const {
+    return options_.token_communicator != nullptr ? options_.token_communicator : options_.communicator;
+  }
   bool first_stage() const { return model_->is_first_stage(); }
   bool last_stage() const { return model_->is_last_stage(); }
   // Stage 0 of a pipeline: receives the last stage's sampled ids in step

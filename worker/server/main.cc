@@ -2,7 +2,10 @@
 // scheduler, registers, and runs the steps the scheduler streams to it.
 //
 //   tandem-worker --scheduler 127.0.0.1:50051 --rank 0 --world-size 2 --model models/...gguf
+//   tandem-worker ... --backend cuda --device 0 --gpu-memory-utilization 0.9
 //
+// A backend it cannot have (--backend cuda in a build without CUDA, or with
+// no usable device) exits with status 1 and the cause.
 // When the scheduler goes away the worker exits (status 1, with the reason);
 // a supervisor (tandem serve, Kubernetes) starts it again. It waits for a
 // scheduler that is not up yet.
@@ -49,6 +52,10 @@ int main(int argc, char** argv) {
   o.threads = static_cast<int32_t>(f.threads);
   o.kv_cache_bytes = f.kv_cache_memory;
   o.peer_timeout = absl::Seconds(f.peer_timeout);
+  o.backend = f.backend;
+  o.device = static_cast<int32_t>(f.device);
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.comm = f.comm;
 
   auto server = tandem::worker::WorkerServer::Create(o);
   if (!server.ok()) {
@@ -57,9 +64,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto registration = (*server)->Registration();
-  std::fprintf(stderr, "tandem-worker %d: layers [%d, %d) of %d, room for %d KV blocks; dialing %s\n",
+  std::fprintf(stderr, "tandem-worker %d: layers [%d, %d) of %d on %s, room for %d KV blocks; dialing %s\n",
                registration.rank(), registration.first_layer(), registration.end_layer(), registration.num_layers(),
-               registration.max_kv_blocks(), scheduler.c_str());
+               registration.device().c_str(), registration.max_kv_blocks(), scheduler.c_str());
   auto channel = tandem::rpc::MakeChannel(scheduler);
   auto stub = tandem::v1::WorkerControl::NewStub(channel);
   tandem::worker::GrpcSchedulerLink link(stub.get(), server->get());

@@ -5,6 +5,18 @@
 // --world-size, --comm-host) and the flags it shares with the scheduler
 // (--model, --block-size) are set by the launcher.
 //
+// The device flags follow vLLM where the meaning is the same:
+//   --backend cpu|cuda            where the model runs
+//   --device N                    the CUDA device of every worker
+//   --gpu-memory-utilization F    the fraction of the device's total memory
+//                                 this worker may use for weights,
+//                                 activations and KV cache (cuda; the CPU
+//                                 backend's KV cache is --kv-cache-memory)
+//   --comm auto|nccl|tcp          how pipeline stages pass hidden states and
+//                                 sampled ids: auto is NCCL between CUDA
+//                                 workers on distinct GPUs when the build has
+//                                 NCCL, TCP otherwise
+//
 // Thread-compatible; used from main() only.
 #ifndef TANDEM_WORKER_SERVER_WORKER_FLAGS_H_
 #define TANDEM_WORKER_SERVER_WORKER_FLAGS_H_
@@ -22,10 +34,16 @@ struct WorkerFlags {
   int64_t kv_cache_memory = int64_t{1} << 30;  // bytes
   int64_t threads = 0;                          // 0: every hardware thread
   double peer_timeout = 30;                     // seconds
+  std::string backend = "cpu";                  // cpu | cuda
+  int64_t device = 0;                           // CUDA device index
+  double gpu_memory_utilization = 0.9;          // fraction of the device's total memory
+  std::string comm = "auto";                    // auto | nccl | tcp
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);
-  // InvalidArgument naming the flag.
+  // InvalidArgument naming the flag. Checks values only: whether this build
+  // and machine can run --backend cuda is the backend factory's question
+  // (worker/server/backend_factory.h).
   absl::Status Validate() const;
   // These flags as tandem-worker's arguments ("--name=value").
   std::vector<std::string> ToArgs() const;

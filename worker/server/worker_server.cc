@@ -1,13 +1,17 @@
 #include "worker/server/worker_server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <optional>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/gguf/model_file.h"
 #include "common/status_macros.h"
-#include "common/tokenizer/tokenizer.h"
-#include "worker/comm/tcp_communicator.h"
+#include "worker/server/gpu_memory.h"
 
 namespace tandem::worker {
 namespace {
@@ -19,11 +23,25 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
+  BackendChoice choice;
+  choice.backend = options.backend;
+  choice.device = options.device;
+  choice.threads = options.threads;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(choice));
+  return Create(options, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options,
+                                                                   std::unique_ptr<Backend> backend) {
   if (options.rank < 0 || options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is not in [0, world size ", options.world_size, ")"));
   }
   std::unique_ptr<WorkerServer> w(new WorkerServer(options));
+  w->backend_ = std::move(backend);
+  // A GPU's memory before anything is loaded (the KV cache's share is
+  // computed from it); unavailable for a backend in host memory.
+  const absl::StatusOr<DeviceMemory> at_start = DeviceMemoryOf(*w->backend_);
   TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::OpenModelFile(options.model_path));
   TANDEM_ASSIGN_OR_RETURN(w->config_, gguf::ReadLlamaConfig(*w->file_));
   if (options.world_size > w->config_.num_layers) {
@@ -31,18 +49,48 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
                                                    w->config_.num_layers, " layers"));
   }
   w->stage_ = PipelineStage(w->config_.num_layers, options.world_size, options.rank);
-  w->backend_ = std::make_unique<CpuBackend>(options.threads);
   TANDEM_ASSIGN_OR_RETURN(w->model_, LlamaModel::Load(*w->file_, w->config_, w->backend_.get(), w->stage_));
-  const int64_t per_block = w->model_->KvBytesPerBlock(options.block_size);
-  w->max_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(options.kv_cache_bytes / per_block, 1 << 24));
-  if (w->max_kv_blocks_ < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory of ", options.kv_cache_bytes,
-                                                   " bytes holds fewer than 2 KV blocks of ", per_block, " bytes"));
+  TANDEM_RETURN_IF_ERROR(w->SizeKvCache(at_start.ok() ? &*at_start : nullptr));
+  if (options.world_size > 1 && options.comm != "tcp") {
+    TANDEM_ASSIGN_OR_RETURN(w->nccl_identity_, NcclDeviceIdentity(*w->backend_));
+    if (options.comm == "nccl" && w->nccl_identity_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("--comm nccl: the ", w->backend_->name(), " backend",
+                                                        BuildHasNccl() ? "" : " of a build without NCCL",
+                                                        " cannot use NCCL; use --comm tcp"));
+    }
   }
   return w;
 }
 
 WorkerServer::~WorkerServer() = default;
+
+absl::Status WorkerServer::SizeKvCache(const DeviceMemory* at_start) {
+  const int64_t per_block = model_->KvBytesPerBlock(options_.block_size);
+  int64_t budget = options_.kv_cache_bytes;
+  std::string where = absl::StrCat("--kv-cache-memory of ", options_.kv_cache_bytes, " bytes");
+  if (at_start != nullptr) {
+    GpuMemoryPlan plan;
+    plan.utilization = options_.gpu_memory_utilization;
+    plan.total_bytes = at_start->total_bytes;
+    plan.free_at_start = at_start->free_bytes;
+    TANDEM_ASSIGN_OR_RETURN(DeviceMemory after_weights, DeviceMemoryOf(*backend_));
+    plan.free_after_weights = after_weights.free_bytes;
+    TANDEM_ASSIGN_OR_RETURN(plan.step_io_bytes, ProfileLargestStep(*backend_, *model_, options_.profile_tokens,
+                                                                   options_.profile_rows, options_.block_size));
+    TANDEM_ASSIGN_OR_RETURN(DeviceMemory after_profile, DeviceMemoryOf(*backend_));
+    plan.free_after_profile = after_profile.free_bytes;
+    TANDEM_ASSIGN_OR_RETURN(budget, KvCacheBytesFor(plan));
+    std::fprintf(stderr, "tandem-worker %d: %s: %s; KV cache %.2f GiB\n", options_.rank,
+                 DeviceName(*backend_).c_str(), plan.Describe().c_str(), budget / double(int64_t{1} << 30));
+    where = plan.Describe();
+  }
+  max_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(budget / per_block, 1 << 24));
+  if (max_kv_blocks_ < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " holds fewer than 2 KV blocks of ", per_block, " bytes"));
+  }
+  return absl::OkStatus();
+}
 
 v1::RegisterWorker WorkerServer::Registration() const {
   v1::RegisterWorker r;
@@ -56,6 +104,7 @@ v1::RegisterWorker WorkerServer::Registration() const {
   r.set_kv_bytes_per_block(model_->KvBytesPerBlock(options_.block_size));
   r.set_max_kv_blocks(max_kv_blocks_);
   r.set_backend(backend_->name());
+  r.set_device(DeviceName(*backend_));
   r.set_incarnation(static_cast<int64_t>(std::random_device{}()));
   r.set_vocab_size(config_.vocab_size);
   return r;
@@ -77,7 +126,8 @@ void WorkerServer::OnDisconnected(const std::string& reason) {
 absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, SchedulerLink* link) {
   // A new epoch: whatever the group held is gone.
   runner_.reset();
-  communicator_.reset();
+  transport_.reset();
+  tcp_.reset();
   broken_ = false;
   epoch_ = configure.epoch();
   if (configure.block_size() != options_.block_size || configure.num_kv_blocks() > max_kv_blocks_ ||
@@ -90,76 +140,148 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
     allocated_blocks_ = configure.num_kv_blocks();
   }
   v1::WorkerMessage reply;
-  reply.mutable_configured()->set_epoch(epoch_);
+  v1::WorkerConfigured* configured = reply.mutable_configured();
+  configured->set_epoch(epoch_);
   if (options_.world_size > 1) {
+    // TCP always listens: the group falls back to it when not every rank
+    // can use NCCL.
     TcpCommunicator::Options comm;
     comm.host = options_.comm_host;
-    TANDEM_ASSIGN_OR_RETURN(auto tcp, TcpCommunicator::Listen(options_.rank, options_.world_size, comm));
-    reply.mutable_configured()->set_comm_address(tcp->address());
-    communicator_ = std::move(tcp);
+    TANDEM_ASSIGN_OR_RETURN(tcp_, TcpCommunicator::Listen(options_.rank, options_.world_size, comm));
+    configured->set_comm_address(tcp_->address());
+    if (!nccl_identity_.empty()) {
+      configured->set_device_id(nccl_identity_);
+      if (options_.rank == 0) {
+        // Two communicators: hidden states and sampled ids.
+        TANDEM_ASSIGN_OR_RETURN(*configured->mutable_nccl_unique_id(), NewNcclUniqueIds(2));
+      }
+    }
   }
   link->Send(reply);
   return absl::OkStatus();
 }
 
-absl::Status WorkerServer::Connect(const v1::ConnectGroup& connect, SchedulerLink* link) {
-  if (connect.epoch() != epoch_) return absl::OkStatus();  // an older formation
-  if (communicator_ != nullptr) {
-    auto* tcp = static_cast<TcpCommunicator*>(communicator_.get());
-    TANDEM_RETURN_IF_ERROR(tcp->Connect({connect.comm_addresses().begin(), connect.comm_addresses().end()},
-                                        static_cast<uint64_t>(epoch_), options_.peer_timeout));
+absl::StatusOr<bool> WorkerServer::UseNccl(const v1::ConnectGroup& connect) const {
+  std::string why_not;
+  if (nccl_identity_.empty()) {
+    why_not = "this rank does not offer it";
+  } else if (connect.device_ids_size() != options_.world_size) {
+    why_not = "the scheduler did not relay every rank's GPU";
+  } else if (connect.nccl_unique_id().empty()) {
+    why_not = "rank 0 made no NCCL ids";
+  } else {
+    std::set<std::string> seen;
+    for (int r = 0; r < connect.device_ids_size() && why_not.empty(); ++r) {
+      const std::string& id = connect.device_ids(r);
+      if (id.empty()) {
+        why_not = absl::StrCat("rank ", r, " cannot use NCCL (a CPU worker, --comm tcp, or a build without NCCL)");
+      } else if (!seen.insert(id).second) {
+        why_not = absl::StrCat("two ranks share the GPU ", id, ", which NCCL refuses");
+      }
+    }
+  }
+  if (why_not.empty()) return true;
+  if (options_.comm == "nccl") {
+    return absl::FailedPreconditionError(absl::StrCat("--comm nccl: ", why_not, "; use --comm tcp"));
+  }
+  return false;
+}
+
+absl::Status WorkerServer::Connect(const v1::ConnectGroup& connect) {
+  if (options_.world_size > 1) {
+    TANDEM_ASSIGN_OR_RETURN(bool nccl, UseNccl(connect));
+    if (nccl) {
+      tcp_.reset();
+      // NCCL's init waits for every rank and sets up its connections: more
+      // than a peer's usual silence.
+      TANDEM_ASSIGN_OR_RETURN(transport_,
+                              ConnectNccl(*backend_, options_.rank, options_.world_size, connect.nccl_unique_id(),
+                                          std::max(options_.peer_timeout, absl::Seconds(60))));
+    } else {
+      if (tcp_ == nullptr) return absl::FailedPreconditionError("connect before configure");
+      TANDEM_RETURN_IF_ERROR(tcp_->Connect({connect.comm_addresses().begin(), connect.comm_addresses().end()},
+                                           static_cast<uint64_t>(epoch_), options_.peer_timeout));
+      transport_ = OverHostCommunicator(*backend_, std::move(tcp_));
+    }
+    std::fprintf(stderr, "tandem-worker %d: pipeline stages connected over %s\n", options_.rank,
+                 transport_->name().c_str());
   }
   ModelRunnerOptions runner;
   runner.block_size = options_.block_size;
   runner.unseeded_rng_key = std::random_device{}();
-  runner.communicator = communicator_.get();
+  runner.communicator = transport_ ? transport_->hidden() : nullptr;
+  runner.token_communicator = transport_ ? transport_->tokens() : nullptr;
   runner.peer_timeout = options_.peer_timeout;
   runner_ = std::make_unique<ModelRunner>(backend_.get(), model_.get(), runner);
-  v1::WorkerMessage ready;
-  ready.mutable_ready()->set_epoch(epoch_);
-  link->Send(ready);
   return absl::OkStatus();
 }
 
-void WorkerServer::ReportError(uint64_t step_seq, const absl::Status& status, SchedulerLink* link) {
+void WorkerServer::Post(Outgoing outgoing) {
+  absl::MutexLock lock(&out_mu_);
+  outbox_.push_back(std::move(outgoing));
+}
+
+void WorkerServer::ReportError(uint64_t step_seq, const absl::Status& status) {
   broken_ = true;
+  if (step_seq == 0) {
+    // The scheduler heeds errors of running groups only: say it here too.
+    std::fprintf(stderr, "tandem-worker %d: epoch %lld: %s\n", options_.rank, static_cast<long long>(epoch_),
+                 std::string(status.message()).c_str());
+  }
+  Post({epoch_, step_seq, nullptr, status});
+}
+
+void WorkerServer::SendError(SchedulerLink* link, int64_t epoch, uint64_t step_seq, const absl::Status& status) {
   v1::WorkerMessage message;
   v1::WorkerError* error = message.mutable_error();
-  error->set_epoch(epoch_);
+  error->set_epoch(epoch);
   error->set_step_seq(step_seq);
   error->set_message(std::string(status.message()));
   link->Send(message);
 }
 
 void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* link) {
+  // A step that failed on the output thread breaks the epoch here too.
+  auto output_failed = [this] {
+    absl::MutexLock lock(&out_mu_);
+    return failed_epoch_ == epoch_;
+  };
   switch (message.kind_case()) {
     case v1::SchedulerMessage::kConfigure:
-      if (absl::Status s = Configure(message.configure(), link); !s.ok()) ReportError(0, s, link);
+      if (absl::Status s = Configure(message.configure(), link); !s.ok()) ReportError(0, s);
       return;
-    case v1::SchedulerMessage::kConnect:
-      if (absl::Status s = Connect(message.connect(), link); !s.ok()) ReportError(0, s, link);
+    case v1::SchedulerMessage::kConnect: {
+      if (message.connect().epoch() != epoch_) return;  // an older formation
+      if (absl::Status s = Connect(message.connect()); !s.ok()) {
+        ReportError(0, s);
+        return;
+      }
+      v1::WorkerMessage ready;
+      ready.mutable_ready()->set_epoch(epoch_);
+      link->Send(ready);
       return;
+    }
     case v1::SchedulerMessage::kExecute:
-      if (broken_ || runner_ == nullptr) return;
+      if (broken_ || runner_ == nullptr || (broken_ = output_failed())) return;
       ++steps_;
       if (absl::Status s = runner_->Execute(message.execute()); !s.ok()) {
-        ReportError(message.execute().step_seq(), s, link);
+        ReportError(message.execute().step_seq(), s);
       }
       return;
     case v1::SchedulerMessage::kSample: {
-      if (broken_ || runner_ == nullptr) return;
+      if (broken_ || runner_ == nullptr || (broken_ = output_failed())) return;
       const uint64_t seq = message.sample().step_seq();
-      absl::Status s = runner_->Sample(message.sample());
-      absl::StatusOr<v1::ModelRunnerOutput> output =
-          s.ok() ? runner_->CollectOutput(seq) : absl::StatusOr<v1::ModelRunnerOutput>(s);
-      if (!output.ok()) {
-        ReportError(seq, output.status(), link);
+      if (absl::Status s = runner_->Sample(message.sample()); !s.ok()) {
+        ReportError(seq, s);
         return;
       }
-      v1::WorkerMessage result;
-      result.mutable_result()->set_epoch(epoch_);
-      *result.mutable_result()->mutable_output() = std::move(output).value();
-      link->Send(result);
+      // The copy of the ids is in flight: the output thread waits for it.
+      absl::StatusOr<std::shared_ptr<StepOutput>> output = runner_->TakeOutput(seq);
+      if (!output.ok()) {
+        ReportError(seq, output.status());
+        return;
+      }
+      Post({epoch_, seq, *std::move(output), absl::OkStatus()});
       return;
     }
     default:
@@ -167,23 +289,73 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
   }
 }
 
+void WorkerServer::OutputLoop(SchedulerLink* link) {
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_output_ || !outbox_.empty(); };
+  for (;;) {
+    Outgoing item;
+    {
+      absl::MutexLock lock(&out_mu_);
+      out_mu_.Await(absl::Condition(&woken));
+      // Stopping: the scheduler is gone. What is left is dropped (a
+      // StepOutput's destructor waits for its copies).
+      if (stop_output_) return;
+      item = std::move(outbox_.front());
+      outbox_.pop_front();
+      if (item.epoch == failed_epoch_) continue;  // the epoch's failure was reported once
+    }
+    absl::StatusOr<v1::ModelRunnerOutput> output =
+        item.output != nullptr ? item.output->Serialize() : absl::StatusOr<v1::ModelRunnerOutput>(item.error);
+    item.output.reset();
+    if (!output.ok()) {
+      {
+        absl::MutexLock lock(&out_mu_);
+        failed_epoch_ = item.epoch;
+      }
+      SendError(link, item.epoch, item.step_seq, output.status());
+      continue;
+    }
+    v1::WorkerMessage result;
+    result.mutable_result()->set_epoch(item.epoch);
+    *result.mutable_result()->mutable_output() = *std::move(output);
+    link->Send(result);
+  }
+}
+
 absl::Status WorkerServer::Run(SchedulerLink* link) {
   v1::WorkerMessage hello;
   *hello.mutable_register_() = Registration();
   link->Send(hello);
+  {
+    absl::MutexLock lock(&out_mu_);
+    stop_output_ = false;
+  }
+  output_thread_ = std::thread([this, link] { OutputLoop(link); });
+  auto stop_output = [this] {
+    {
+      absl::MutexLock lock(&out_mu_);
+      stop_output_ = true;
+    }
+    output_thread_.join();
+  };
   auto next_stats = Clock::now() + std::chrono::milliseconds(500);
   auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return disconnected_ || !inbox_.empty(); };
   for (;;) {
     v1::SchedulerMessage message;
+    std::optional<std::string> gone;  // why the scheduler went away
     const auto wait_start = Clock::now();
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&news), absl::FromChrono(next_stats - wait_start));
-      if (disconnected_) return absl::UnavailableError(disconnect_reason_);
-      if (!inbox_.empty()) {
+      if (disconnected_) {
+        gone = disconnect_reason_;
+      } else if (!inbox_.empty()) {
         message = std::move(inbox_.front());
         inbox_.pop_front();
       }
+    }
+    if (gone) {
+      stop_output();
+      return absl::UnavailableError(*gone);
     }
     const auto work_start = Clock::now();
     if (runner_ != nullptr) idle_seconds_ += Seconds(work_start - wait_start);

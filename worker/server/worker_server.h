@@ -1,13 +1,26 @@
-// WorkerServer: one worker process's logic, without the transport. It loads
-// its pipeline stage's layers at startup, then follows the scheduler's
-// control messages on its compute thread (Run):
-//   ConfigureGroup  drop every request, size the KV cache, open a
-//                   communicator for the new epoch, answer with its address;
-//   ConnectGroup    connect to the other ranks, build the runner, answer Ready;
-//   Execute/Sample  run the step; the last stage answers with its result.
+// WorkerServer: one worker process's logic, without the transport. It makes
+// its backend and loads its pipeline stage's layers at startup, then follows
+// the scheduler's control messages on its compute thread (Run):
+//   ConfigureGroup  drop every request, size the KV cache, listen for the
+//                   other ranks, answer with its address (and, for NCCL, its
+//                   GPU's identity; rank 0 adds the NCCL ids);
+//   ConnectGroup    connect to the other ranks (NCCL between CUDA workers on
+//                   distinct GPUs, TCP otherwise), build the runner, answer
+//                   Ready;
+//   Execute/Sample  run the step; the last stage's results go out through
+//                   the output thread.
 // Messages arrive from the transport's threads through OnMessage, which only
 // enqueues. An error in a step is reported once; the worker then ignores
 // steps until the next ConfigureGroup.
+//
+// The output thread (scheduler/README.md §1, §6): after Sample(k) the compute
+// thread hands the step's StepOutput to the output thread and goes on to step
+// k+1 while the device copies step k's ids to the host. The output thread
+// waits for the copy, serializes the result and sends it. Step results and
+// step errors (from either thread) leave through it in step order; an error
+// on the output thread fails the step exactly as one on the compute thread
+// (a WorkerError with the step's sequence number; later steps of the epoch
+// are ignored). Runner state stays on the compute thread (model_runner.h).
 //
 // The compute thread also measures how long it waits between steps while
 // configured (idle) and how long it works (busy), and reports both twice a
@@ -20,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -28,10 +42,11 @@
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
 #include "tandem/v1/worker_service.pb.h"
-#include "worker/backends/cpu/cpu_backend.h"
-#include "worker/comm/communicator.h"
+#include "worker/backends/backend.h"
+#include "worker/comm/tcp_communicator.h"
 #include "worker/model/llama_model.h"
 #include "worker/runner/model_runner.h"
+#include "worker/server/backend_factory.h"
 
 namespace tandem::worker {
 
@@ -39,14 +54,25 @@ struct WorkerOptions {
   std::string model_path;
   int32_t rank = 0;
   int32_t world_size = 1;
-  int64_t kv_cache_bytes = int64_t{1} << 30;
   int32_t threads = 0;
   int32_t block_size = 16;
   std::string comm_host = "127.0.0.1";  // where the other ranks can reach this one
   absl::Duration peer_timeout = absl::Seconds(30);
+  // The device (worker_flags.h).
+  std::string backend = "cpu";
+  int32_t device = 0;
+  // KV cache: the CPU backend's budget, and the GPU's fraction of memory.
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  double gpu_memory_utilization = 0.9;
+  // The largest step the GPU's activation peak is measured with (the
+  // scheduler's default --max-num-batched-tokens and --max-num-seqs).
+  int32_t profile_tokens = 2048;
+  int32_t profile_rows = 128;
+  std::string comm = "auto";  // auto | nccl | tcp
 };
 
-// The worker's end of the control stream.
+// The worker's end of the control stream. Send must be thread-safe (the
+// compute thread and the output thread both send).
 class SchedulerLink {
  public:
   virtual ~SchedulerLink() = default;
@@ -55,8 +81,12 @@ class SchedulerLink {
 
 class WorkerServer {
  public:
-  // Loads this rank's layers; fails with a message naming what is wrong.
+  // Makes the backend and loads this rank's layers; fails with a message
+  // naming what is wrong (FailedPrecondition when the backend cannot be had).
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& options);
+  // The same on a given backend (tests wrap one to control its events).
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& options,
+                                                              std::unique_ptr<Backend> backend);
   ~WorkerServer();
 
   v1::RegisterWorker Registration() const;
@@ -65,29 +95,48 @@ class WorkerServer {
   void OnMessage(v1::SchedulerMessage message) ABSL_LOCKS_EXCLUDED(mu_);
   void OnDisconnected(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Runs until the scheduler goes away; returns why.
-  absl::Status Run(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs until the scheduler goes away; returns why. Starts the output
+  // thread and stops it before returning.
+  absl::Status Run(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(mu_, out_mu_);
 
  private:
+  // What the output thread sends: a step's output, or an error.
+  struct Outgoing {
+    int64_t epoch = 0;
+    uint64_t step_seq = 0;
+    std::shared_ptr<StepOutput> output;  // null: `error`
+    absl::Status error;
+  };
+
   explicit WorkerServer(const WorkerOptions& options) : options_(options) {}
+  absl::Status SizeKvCache(const DeviceMemory* at_start);
   absl::Status Configure(const v1::ConfigureGroup& configure, SchedulerLink* link);
-  absl::Status Connect(const v1::ConnectGroup& connect, SchedulerLink* link);
-  void Process(const v1::SchedulerMessage& message, SchedulerLink* link);
-  void ReportError(uint64_t step_seq, const absl::Status& status, SchedulerLink* link);
+  absl::Status Connect(const v1::ConnectGroup& connect);
+  // Whether this group's stages pass data over NCCL: every rank gave a GPU
+  // identity, no two the same, and rank 0 made the ids. Otherwise why not.
+  absl::StatusOr<bool> UseNccl(const v1::ConnectGroup& connect) const;
+  void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  void ReportError(uint64_t step_seq, const absl::Status& status) ABSL_LOCKS_EXCLUDED(out_mu_);
+  void Post(Outgoing outgoing) ABSL_LOCKS_EXCLUDED(out_mu_);
+  // The output thread's loop; returns once stop_output_ is set.
+  void OutputLoop(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  void SendError(SchedulerLink* link, int64_t epoch, uint64_t step_seq, const absl::Status& status);
 
   const WorkerOptions options_;
   std::unique_ptr<gguf::GgufFile> file_;
   gguf::LlamaConfig config_;
   LlamaModelStage stage_;
-  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
   int32_t max_kv_blocks_ = 0;
+  std::string nccl_identity_;  // "" when this rank does not offer NCCL
 
   // Compute thread only.
   int64_t epoch_ = 0;
   int32_t allocated_blocks_ = 0;
   bool broken_ = false;
-  std::unique_ptr<Communicator> communicator_;
+  std::unique_ptr<TcpCommunicator> tcp_;  // between Configure and Connect
+  std::unique_ptr<PipelineTransport> transport_;
   std::unique_ptr<ModelRunner> runner_;
   double busy_seconds_ = 0;
   double idle_seconds_ = 0;
@@ -98,6 +147,14 @@ class WorkerServer {
   std::deque<v1::SchedulerMessage> inbox_ ABSL_GUARDED_BY(mu_);
   bool disconnected_ ABSL_GUARDED_BY(mu_) = false;
   std::string disconnect_reason_ ABSL_GUARDED_BY(mu_);
+
+  // The outbox, shared with the output thread.
+  absl::Mutex out_mu_;
+  std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(out_mu_);
+  bool stop_output_ ABSL_GUARDED_BY(out_mu_) = false;
+  // The epoch in which a step failed (0: none): its later steps are dropped.
+  int64_t failed_epoch_ ABSL_GUARDED_BY(out_mu_) = 0;
+  std::thread output_thread_;
 };
 
 }  // namespace tandem::worker

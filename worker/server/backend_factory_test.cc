@@ -1,0 +1,78 @@
+// The backend factory in whichever build runs it: the CPU backend always;
+// --backend cuda refused with its cause where this build or machine cannot
+// run it (exit status 1 in tandem-worker), made where it can.
+#include "worker/server/backend_factory.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/loopback_communicator.h"
+
+namespace tandem::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(BackendFactoryTest, TheCpuBackendAlways) {
+  auto backend = MakeBackend({"cpu", 0, 1});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->name(), "cpu");
+  EXPECT_EQ(DeviceName(**backend), "cpu");
+  EXPECT_EQ(DeviceMemoryOf(**backend).status().code(), absl::StatusCode::kUnimplemented);
+  auto identity = NcclDeviceIdentity(**backend);
+  ASSERT_TRUE(identity.ok());
+  EXPECT_EQ(*identity, "");  // a CPU worker never offers NCCL
+}
+
+TEST(BackendFactoryTest, AnUnknownBackendIsInvalid) {
+  EXPECT_EQ(MakeBackend({"tpu", 0, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BackendFactoryTest, CudaIsMadeOrRefusedWithTheCause) {
+  auto backend = MakeBackend({"cuda", 0, 0});
+  if (!BuildHasCuda()) {
+    ASSERT_FALSE(backend.ok());
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr("this build has no CUDA"));
+    return;
+  }
+  if (!backend.ok()) {
+    // No usable device here: the cause, from CudaDeviceUsable.
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition) << backend.status();
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr("--backend cuda --device 0: "));
+    GTEST_SKIP() << backend.status();
+  }
+  EXPECT_EQ((*backend)->name(), "cuda");
+  EXPECT_EQ(DeviceName(**backend), "cuda:0");
+  auto memory = DeviceMemoryOf(**backend);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_GT(memory->total_bytes, memory->free_bytes / 2);
+  if (BuildHasNccl()) {
+    auto identity = NcclDeviceIdentity(**backend);
+    ASSERT_TRUE(identity.ok()) << identity.status();
+    EXPECT_THAT(*identity, HasSubstr("/"));
+  }
+}
+
+TEST(BackendFactoryTest, AHostTransportUsesOneCommunicatorBothWays) {
+  auto backend = MakeBackend({"cpu", 0, 1});
+  ASSERT_TRUE(backend.ok());
+  LoopbackHub hub(2);
+  auto transport = OverHostCommunicator(**backend, std::make_unique<LoopbackCommunicator>(&hub, 1));
+  EXPECT_EQ(transport->name(), "host");
+  EXPECT_EQ(transport->hidden(), transport->tokens());
+  EXPECT_EQ(transport->hidden()->rank(), 1);
+}
+
+TEST(BackendFactoryTest, NcclIdsExistExactlyWhenTheBuildHasNccl) {
+  auto ids = NewNcclUniqueIds(2);
+  if (!BuildHasNccl()) {
+    EXPECT_EQ(ids.status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  // ncclGetUniqueId needs no GPU, but NCCL may still refuse without a driver.
+  if (!ids.ok()) GTEST_SKIP() << ids.status();
+  EXPECT_EQ(ids->size(), 256u);
+}
+
+}  // namespace
+}  // namespace tandem::worker
