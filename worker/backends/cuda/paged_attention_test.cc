@@ -1,7 +1,7 @@
 // The paged attention kernels (paged_attention.cu) against
 // CpuBackend::PagedAttention on the inputs attention_model_test.cc gives the
 // host model (attention_testing.h): decode-only, prefill-only and mixed
-// batches, GQA 1/3/4/6/16, block sizes 16 and 32, prefix-shared blocks,
+// batches, GQA 1/3/4/6/16, block sizes 1 to 128, prefix-shared blocks,
 // contexts across the split and up to 8,000 tokens, within 1e-4. Also: a
 // sequence's output is bit-identical alone and in a batch, every output row
 // is written, and a context longer than max_seq_len promised comes out NaN.
@@ -179,6 +179,21 @@ TEST(PagedAttentionGpuTest, PrefillOnly) {
   c.block_size = 16;
   c.seqs = {{512, 512}, {300, 2000}};  // a 512-token prompt; a late chunk
   ExpectDeviceEqualsCpu(c);
+}
+
+TEST(PagedAttentionGpuTest, OtherBlockSizes) {
+  SKIP_WITHOUT_DEVICE();
+  // Chunks of 8 keys span several blocks (1, 4) or lie inside one (64, 128).
+  for (int32_t block_size : {1, 4, 64, 128}) {
+    AttentionCase c;
+    c.num_heads = 9;
+    c.num_kv_heads = 3;
+    c.block_size = block_size;
+    c.seqs = attention_testing::MixedSeqs();
+    c.seed = 40 + block_size;
+    SCOPED_TRACE("block_size " + std::to_string(block_size));
+    ExpectDeviceEqualsCpu(c);
+  }
 }
 
 TEST(PagedAttentionGpuTest, SharedPrefixBlocks) {

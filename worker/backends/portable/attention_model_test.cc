@@ -2,8 +2,9 @@
 // CpuBackend::PagedAttention on the same inputs: scattered block tables,
 // GQA ratios 1, 3, 4, 6 and 16, decode and chunked-prefill rows in one call,
 // contexts from 1 to ~2,000 tokens (across the split threshold and its
-// multiples), block sizes 16 and 32, prefix-shared blocks. The cases are the
-// GPU test's (cuda/paged_attention_test.cc), through attention_testing.h.
+// multiples), block sizes 16 and 32 (and 1, 4, 64, 128), prefix-shared
+// blocks. The cases are the GPU test's (cuda/paged_attention_test.cc),
+// through attention_testing.h.
 #include "worker/backends/portable/attention_model.h"
 
 #include <cmath>
@@ -56,6 +57,20 @@ TEST(AttentionModelTest, MixedBatchEqualsCpuBackend) {
       ASSERT_GT(attention::NumSplits(2000), 1) << "the cases must cross the split threshold";
       ExpectModelEqualsCpu(c);
     }
+  }
+}
+
+TEST(AttentionModelTest, OtherBlockSizes) {
+  // Chunks of 8 keys span several blocks (1, 4) or lie inside one (64, 128).
+  for (int32_t block_size : {1, 4, 64, 128}) {
+    AttentionCase c;
+    c.num_heads = 9;
+    c.num_kv_heads = 3;
+    c.block_size = block_size;
+    c.seqs = attention_testing::MixedSeqs();
+    c.seed = 40 + block_size;
+    SCOPED_TRACE("block_size " + std::to_string(block_size));
+    ExpectModelEqualsCpu(c);
   }
 }
 
