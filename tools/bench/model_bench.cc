@@ -62,8 +62,7 @@ struct Step {
   ForwardInputs in;
   std::unique_ptr<DeviceBuffer> logits;
   std::unique_ptr<DeviceBuffer> sampled;
-  std::vector<SampleRow> rows;
-  SamplingOptions greedy;
+  const SampleRow* rows = nullptr;  // device: greedy rows
 
   template <typename T>
   const T* Put(Backend& backend, const std::vector<T>& host) {
@@ -111,12 +110,9 @@ std::unique_ptr<Step> MakeStep(int32_t seqs, int32_t cached, int32_t tokens) {
   step->in.num_logits_rows = seqs;
   step->logits = std::move(backend.Allocate(size_t{1} * seqs * m.config.vocab_size * sizeof(float))).value();
   step->sampled = std::move(backend.Allocate(seqs * sizeof(TokenId))).value();
-  step->greedy.temperature = 0.0f;
-  for (int32_t s = 0; s < seqs; ++s) {
-    SampleRow row;
-    row.options = &step->greedy;
-    step->rows.push_back(row);
-  }
+  std::vector<SampleRow> greedy(seqs);
+  for (SampleRow& row : greedy) row.options.temperature = 0.0f;
+  step->rows = step->Put(backend, greedy);
   return step;
 }
 
@@ -127,7 +123,7 @@ void Run(Step& step) {
   sample.logits = step.logits->as<float>();
   sample.num_rows = step.in.num_logits_rows;
   sample.vocab = m.config.vocab_size;
-  sample.rows = step.rows.data();
+  sample.rows = step.rows;
   sample.tokens = step.sampled->as<TokenId>();
   sample.logprobs = nullptr;
   sample.top_ids = nullptr;

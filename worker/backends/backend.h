@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -158,40 +159,63 @@ struct CopyTokensParams {
   int32_t count;
 };
 
-// One row to sample: host-side description (parameters, history, mask).
+// How one request samples (the wire's SamplingParams, resolved).
 struct SamplingOptions {
-  float temperature = 1.0f;    // 0: greedy
-  float top_p = 1.0f;
+  float temperature = 1.0f;    // <= 1e-5: greedy
+  float top_p = 1.0f;          // outside (0, 1): off
   int32_t top_k = 0;           // 0: off
-  float min_p = 0.0f;
+  float min_p = 0.0f;          // 0: off
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   int32_t logprobs = -1;       // -1: none; n >= 0: the sampled token's plus top-n
 };
 
+// One row to sample, as the device reads it (plain data: an array of these
+// is uploaded to device memory). The rule is worker/backends/portable/
+// sampling_rule.h.
 struct SampleRow {
-  const SamplingOptions* options;
-  const TokenId* prompt = nullptr;   // host: for the repetition penalty
-  int32_t prompt_len = 0;
-  const TokenId* output = nullptr;   // host: tokens sampled so far (never placeholders)
-  int32_t output_len = 0;
-  const uint32_t* allowed = nullptr;  // host: grammar bitmask row, or null
+  SamplingOptions options;
   // Keys this row's random draw: the same (key, position) gives the same
   // draw whatever else is in the batch.
   uint64_t rng_key = 0;
-  int32_t position = 0;              // index of the token being sampled
+  int32_t position = 0;        // index of the token being sampled
+  // Rows with penalties: the request's history in SampleParams::history
+  // (prompt_len prompt tokens, then output_len tokens sampled so far, never
+  // placeholders) and a row of SampleParams::penalty_counts, each row its
+  // own; -1 otherwise (then the options' penalties are not applied).
+  int32_t penalty_row = -1;
+  int32_t prompt_len = 0;
+  int32_t output_len = 0;
+  int64_t history_start = 0;
+  // Row of SampleParams::allowed (the grammar bitmask), or -1: no mask.
+  int32_t mask_row = -1;
 };
+static_assert(std::is_trivially_copyable_v<SampleRow>, "SampleRow is uploaded as bytes");
 
+// Device pointers unless noted. Row r's outputs: tokens[r]; when logprobs is
+// set, logprobs[r * (1 + max_top)] is the sampled token's logprob and the
+// max_top entries after it (and top_ids[r * max_top ...]) the top-n, most
+// likely first, padded with id -1 and logprob 0 (rows that asked for none
+// get 0 and padding).
 struct SampleParams {
-  const float* logits;         // device [num_rows, vocab]
-  int32_t num_rows;
-  int32_t vocab;
-  const SampleRow* rows;       // host [num_rows]
-  TokenId* tokens;             // device [num_rows]
-  float* logprobs;             // device [num_rows * (1 + max_top)] or null
-  TokenId* top_ids;            // device [num_rows * max_top] or null
-  int32_t max_top = 0;         // top-n slots per row in logprobs/top_ids
+  const float* logits = nullptr;         // [num_rows, vocab]
+  int32_t num_rows = 0;
+  int32_t vocab = 0;
+  const SampleRow* rows = nullptr;       // [num_rows]
+  const TokenId* history = nullptr;      // flattened histories of rows with penalty_row >= 0
+  int64_t history_len = 0;
+  // Scratch the backend may overwrite: [num_penalty_rows, vocab]; null when
+  // no row has penalties.
+  uint32_t* penalty_counts = nullptr;
+  int32_t num_penalty_rows = 0;
+  const uint32_t* allowed = nullptr;     // [num_mask_rows, words_per_row], or null
+  int32_t num_mask_rows = 0;
+  int32_t words_per_row = 0;             // >= ceil(vocab / 32) when allowed is set
+  TokenId* tokens = nullptr;             // [num_rows]
+  float* logprobs = nullptr;             // [num_rows * (1 + max_top)] or null
+  TokenId* top_ids = nullptr;            // [num_rows * max_top] or null
+  int32_t max_top = 0;                   // top-n slots per row in logprobs/top_ids
 };
 
 class Backend {
@@ -224,6 +248,11 @@ class Backend {
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& p) = 0;
   virtual absl::Status CopyTokens(const CopyTokensParams& p) = 0;
+  // The rule is worker/backends/portable/sampling_rule.h. InvalidArgument
+  // for bad sizes (vocab above 2^23, words_per_row too small). A row whose
+  // history, counts or mask row lies outside the arrays is a caller's bug:
+  // the CPU backend returns InvalidArgument; a device backend, which cannot
+  // read the rows before its kernel does, ignores that penalty or mask.
   virtual absl::Status Sample(const SampleParams& p) = 0;
 };
 

@@ -398,21 +398,33 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   if (needs_history) {
     for (auto earlier = pending_.begin(); earlier != it; ++earlier) TANDEM_RETURN_IF_ERROR(Absorb(*earlier));
   }
+  // What the device reads: the rows, the histories of rows with penalties
+  // (prompt then output, flattened) and the mask rows of rows with a grammar.
+  std::vector<TokenId> history;
+  std::vector<uint32_t> masks;
+  int32_t num_penalty_rows = 0, num_mask_rows = 0;
   for (const Row& row : step.rows) {
     if (!row.samples) continue;
     const Slot& slot = slots_[row.slot];
     TANDEM_CHECK(slot.generation == row.generation) << "a slot was freed between execute and sample";
     SampleRow s;
-    s.options = &slot.options;
-    s.prompt = slot.tokens.data();
-    s.prompt_len = slot.num_prompt_tokens;
-    s.output = slot.tokens.data() + slot.num_prompt_tokens;
-    s.output_len = static_cast<int32_t>(slot.tokens.size()) - slot.num_prompt_tokens;
-    for (int g = 0; g < grammar.request_ids_size(); ++g) {
-      if (grammar.request_ids(g) == row.id) s.allowed = grammar.bitmask().data() + g * grammar.words_per_row();
-    }
+    s.options = slot.options;
     s.rng_key = slot.rng_key;
     s.position = row.position;
+    if (NeedsHistory(slot.options)) {
+      s.penalty_row = num_penalty_rows++;
+      s.history_start = static_cast<int64_t>(history.size());
+      s.prompt_len = slot.num_prompt_tokens;
+      s.output_len = static_cast<int32_t>(slot.tokens.size()) - slot.num_prompt_tokens;
+      history.insert(history.end(), slot.tokens.begin(), slot.tokens.end());
+    }
+    for (int g = 0; g < grammar.request_ids_size(); ++g) {
+      if (grammar.request_ids(g) != row.id) continue;
+      const uint32_t* words = grammar.bitmask().data() + g * grammar.words_per_row();
+      s.mask_row = num_mask_rows++;
+      masks.insert(masks.end(), words, words + grammar.words_per_row());
+      break;
+    }
     rows.push_back(s);
     row_slots.push_back(row.slot);
     step.max_top = std::max(step.max_top, slot.options.logprobs);
@@ -426,6 +438,17 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   }
   const bool with_logprobs = step.max_top >= 0;
   const int32_t max_top = std::max(0, step.max_top);
+  auto upload = [&](std::unique_ptr<DeviceBuffer>& buffer, const auto& host) -> absl::Status {
+    const size_t bytes = host.size() * sizeof(host[0]);
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(buffer, bytes, false));
+    return bytes == 0 ? absl::OkStatus() : backend_->Upload(*buffer, 0, host.data(), bytes);
+  };
+  TANDEM_RETURN_IF_ERROR(upload(sample_rows_, rows));
+  if (num_penalty_rows > 0) {
+    TANDEM_RETURN_IF_ERROR(upload(sample_history_, history));
+    TANDEM_RETURN_IF_ERROR(EnsureCapacity(penalty_counts_, size_t{1} * num_penalty_rows * vocab * sizeof(uint32_t), false));
+  }
+  if (num_mask_rows > 0) TANDEM_RETURN_IF_ERROR(upload(sample_masks_, masks));
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_, num_rows * sizeof(TokenId), false));
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_slots_, num_rows * sizeof(int32_t), false));
   if (with_logprobs) {
@@ -436,7 +459,18 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   params.logits = logits_->as<float>();
   params.num_rows = num_rows;
   params.vocab = vocab;
-  params.rows = rows.data();
+  params.rows = sample_rows_->as<SampleRow>();
+  if (num_penalty_rows > 0) {
+    params.history = sample_history_->as<TokenId>();
+    params.history_len = static_cast<int64_t>(history.size());
+    params.penalty_counts = penalty_counts_->as<uint32_t>();
+    params.num_penalty_rows = num_penalty_rows;
+  }
+  if (num_mask_rows > 0) {
+    params.allowed = sample_masks_->as<uint32_t>();
+    params.num_mask_rows = num_mask_rows;
+    params.words_per_row = grammar.words_per_row();
+  }
   params.tokens = sampled_->as<TokenId>();
   params.logprobs = with_logprobs ? logprobs_->as<float>() : nullptr;
   params.top_ids = with_logprobs ? top_ids_->as<TokenId>() : nullptr;

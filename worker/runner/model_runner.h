@@ -214,6 +214,9 @@ class ModelRunner {
   std::unique_ptr<DeviceBuffer> input_ids_, positions_, kv_slots_, query_start_, seq_lens_,
       block_table_start_, block_tables_, logits_rows_, sub_targets_, sub_slots_;
   std::unique_ptr<DeviceBuffer> logits_, sampled_, sampled_slots_, logprobs_, top_ids_;
+  // Sample's inputs on the device (SampleParams): rows, penalty histories
+  // and their counts scratch, grammar mask rows.
+  std::unique_ptr<DeviceBuffer> sample_rows_, sample_history_, penalty_counts_, sample_masks_;
   std::unique_ptr<DeviceBuffer> hidden_in_, hidden_out_, token_message_, token_slots_, token_rows_;
 };
 

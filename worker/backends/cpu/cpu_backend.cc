@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf/ggml_types.h"
+#include "common/status_macros.h"
 #include "worker/backends/cpu/cpu_gemm.h"
 #include "worker/backends/cpu/cpu_math.h"
 
@@ -231,9 +232,10 @@ absl::Status CpuBackend::CopyTokens(const CopyTokensParams& p) {
 }
 
 absl::Status CpuBackend::Sample(const SampleParams& p) {
+  TANDEM_RETURN_IF_ERROR(ValidateSampleParams(p));
   pool_.ParallelFor(p.num_rows, 1, [&](int64_t begin, int64_t end, int32_t thread) {
     for (int64_t r = begin; r < end; ++r) {
-      SampledToken s = SampleLogits(p.logits + r * p.vocab, p.vocab, p.rows[r], &sampler_scratch_[thread]);
+      SampledToken s = SampleLogits(p, static_cast<int32_t>(r), &sampler_scratch_[thread]);
       p.tokens[r] = s.token;
       if (p.logprobs == nullptr) continue;
       float* lp = p.logprobs + r * (1 + p.max_top);

@@ -4,160 +4,214 @@
 #include <cmath>
 #include <limits>
 
-#include "common/splitmix.h"
+#include "absl/strings/str_cat.h"
+#include "worker/backends/portable/sampling_rule.h"
 
 namespace tandem::worker {
 namespace {
 
+namespace sr = sampling;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int32_t ArgMax(const float* v, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    if (v[i] > v[best]) best = i;
+// The largest order key x with sum{weight(t) : key(t) >= x} >= target over
+// `ids`, level by level as the GPU kernel does (sampling_rule.h, radix
+// selection). REQUIRES: 0 < target <= the total weight.
+template <typename Key, typename Weight>
+uint32_t RadixSelect(const int32_t* ids, int32_t n, Key key, Weight weight, uint64_t target) {
+  uint32_t prefix = 0;
+  uint64_t above = 0;
+  uint64_t histogram[sr::kRadixBins];
+  for (int32_t level = 0; level < sr::kRadixLevels; ++level) {
+    std::fill(histogram, histogram + sr::kRadixBins, 0);
+    for (int32_t i = 0; i < n; ++i) {
+      const uint32_t k = key(ids[i]);
+      if (sr::RadixInPrefix(k, prefix, level)) histogram[sr::RadixDigit(k, level)] += weight(ids[i]);
+    }
+    prefix |= sr::PickDigit(histogram, target, &above) << sr::RadixShift(level);
   }
-  return best;
+  return prefix;
 }
 
-float LogSumExp(const float* v, int32_t n) {
-  float max = v[0];
-  for (int32_t i = 1; i < n; ++i) max = std::max(max, v[i]);
+// Log-sum-exp of the raw logits, in double.
+double LogSumExp(const float* v, int32_t n) {
+  float max = kNegInf;
+  for (int32_t i = 0; i < n; ++i) max = std::max(max, v[i]);
+  if (max == kNegInf) return kNegInf;
   double sum = 0;
-  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i] - max));
-  return max + static_cast<float>(std::log(sum));
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i]) - static_cast<double>(max));
+  return static_cast<double>(max) + std::log(sum);
 }
 
-void ApplyPenalties(const SampleRow& row, int32_t vocab, float* values, SamplerScratch* s) {
-  const SamplingOptions& o = *row.options;
-  if (o.repetition_penalty != 1.0f && o.repetition_penalty > 0.0f) {
-    if (++s->stamp_value == 0) {  // wrapped: clear the stamps once in 2^32 rows
-      std::fill(s->stamp.begin(), s->stamp.end(), 0);
-      s->stamp_value = 1;
-    }
-    auto penalize = [&](const TokenId* ids, int32_t n) {
-      for (int32_t i = 0; i < n; ++i) {
-        const TokenId t = ids[i];
-        if (t < 0 || t >= vocab || s->stamp[t] == s->stamp_value) continue;
-        s->stamp[t] = s->stamp_value;
-        values[t] = values[t] > 0 ? values[t] / o.repetition_penalty : values[t] * o.repetition_penalty;
-      }
-    };
-    penalize(row.prompt, row.prompt_len);
-    penalize(row.output, row.output_len);
-  }
-  if (o.frequency_penalty != 0.0f || o.presence_penalty != 0.0f) {
-    for (int32_t i = 0; i < row.output_len; ++i) {
-      const TokenId t = row.output[i];
-      if (t >= 0 && t < vocab) ++s->counts[t];
-    }
-    for (int32_t i = 0; i < row.output_len; ++i) {
-      const TokenId t = row.output[i];
-      if (t < 0 || t >= vocab || s->counts[t] == 0) continue;
-      values[t] -= o.frequency_penalty * s->counts[t] + o.presence_penalty;
-      s->counts[t] = 0;  // once per distinct token; leaves the counts zeroed
-    }
-  }
-}
-
-// Keeps the smallest prefix of `cand` (sorted by probability as it goes)
-// whose mass reaches top_p of `total`; returns its length. Sorting grows in
-// steps, since a peaked distribution reaches top_p within a few entries.
-int32_t TopPCut(std::vector<int32_t>& cand, int32_t n, const float* probs, double total, float top_p) {
-  auto by_prob = [probs](int32_t a, int32_t b) { return probs[a] > probs[b]; };
-  const double target = top_p * total;
-  int32_t sorted = 0;
-  double cumulative = 0;
-  for (int32_t k = std::min(n, 64);; k = std::min(n, k * 4)) {
-    std::partial_sort(cand.begin() + sorted, cand.begin() + k, cand.begin() + n, by_prob);
-    for (; sorted < k; ++sorted) {
-      cumulative += probs[cand[sorted]];
-      if (cumulative >= target) return sorted + 1;
-    }
-    if (k == n) return n;
+// Step 1: the sampled token's logprob and the top n by (value desc, id asc).
+void Logprobs(const float* logits, int32_t vocab, int32_t n, SampledToken* out, std::vector<int32_t>* ids) {
+  const double lse = LogSumExp(logits, vocab);
+  out->logprob = static_cast<float>(static_cast<double>(logits[out->token]) - lse);
+  const int32_t top = std::min(n, vocab);
+  ids->resize(vocab);
+  for (int32_t t = 0; t < vocab; ++t) (*ids)[t] = t;
+  std::partial_sort(ids->begin(), ids->begin() + top, ids->end(), [logits](int32_t a, int32_t b) {
+    const uint32_t ka = sr::OrderKey(logits[a]), kb = sr::OrderKey(logits[b]);
+    return ka > kb || (ka == kb && a < b);
+  });
+  for (int32_t i = 0; i < top; ++i) {
+    const int32_t t = (*ids)[i];
+    out->top.emplace_back(t, static_cast<float>(static_cast<double>(logits[t]) - lse));
   }
 }
 
 }  // namespace
 
-double UniformDraw(uint64_t key, int32_t position) {
-  const uint64_t bits = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(position) + 0x51ed27f3ULL));
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
+bool SamplingSupport::Allows(float v) const {
+  if (!(v > kNegInf) || sr::OrderKey(v) < key_cut) return false;
+  return min_p <= 0.0f || sr::RelativeProb(sr::ScaledLogit(v, vmax, inv_t)) >= min_p;
 }
 
-SampledToken SampleLogits(const float* logits, int32_t vocab, const SampleRow& row, SamplerScratch* s) {
-  const SamplingOptions& o = *row.options;
-  if (static_cast<int32_t>(s->values.size()) < vocab) {
-    s->values.resize(vocab);
-    s->indices.resize(vocab);
-    s->stamp.assign(vocab, 0);
-    s->counts.assign(vocab, 0);
+absl::Status ValidateSampleParams(const SampleParams& p) {
+  if (p.vocab <= 0 || p.vocab > sr::kMaxVocab) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling over a vocabulary of ", p.vocab, " (at most 2^23)"));
   }
-  SampledToken result;
+  if (p.num_rows < 0 || p.max_top < 0 || (p.logprobs != nullptr && p.max_top > 0 && p.top_ids == nullptr)) {
+    return absl::InvalidArgumentError("sampling: bad row count or logprob outputs");
+  }
+  if (p.allowed != nullptr && int64_t{p.words_per_row} * 32 < p.vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a grammar bitmask row of ", p.words_per_row, " words does not cover ", p.vocab, " tokens"));
+  }
+  for (int32_t r = 0; r < p.num_rows; ++r) {
+    const SampleRow& row = p.rows[r];
+    if (row.penalty_row >= 0 &&
+        (row.penalty_row >= p.num_penalty_rows || row.prompt_len < 0 || row.output_len < 0 || row.history_start < 0 ||
+         row.history_start + row.prompt_len + row.output_len > p.history_len)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, "'s history is outside the arrays"));
+    }
+    if (row.mask_row >= 0 && (p.allowed == nullptr || row.mask_row >= p.num_mask_rows)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, "'s grammar mask is outside the arrays"));
+    }
+    if (row.options.logprobs > p.max_top || (row.options.logprobs >= 0 && p.logprobs == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, " asks for ", row.options.logprobs,
+                                                     " top logprobs, the outputs hold ", p.max_top));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RowValues(const SampleParams& p, int32_t r, SamplerScratch* s) {
+  const SampleRow& row = p.rows[r];
+  const SamplingOptions& o = row.options;
+  const int32_t vocab = p.vocab;
+  const float* logits = p.logits + int64_t{r} * vocab;
   float* values = s->values.data();
   std::copy(logits, logits + vocab, values);
-  ApplyPenalties(row, vocab, values, s);
-  if (row.allowed != nullptr) {
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (!(row.allowed[t / 32] & (1u << (t % 32)))) values[t] = kNegInf;
+  if (row.penalty_row >= 0) {
+    // Counts as the GPU kernel's scratch holds them; zeroed again as applied.
+    uint32_t* counts = s->counts.data();
+    const TokenId* prompt = p.history + row.history_start;
+    const TokenId* output = prompt + row.prompt_len;
+    for (int32_t i = 0; i < row.prompt_len; ++i) {
+      if (prompt[i] >= 0 && prompt[i] < vocab) counts[prompt[i]] |= sr::kInPromptBit;
     }
-  }
-
-  if (o.temperature <= 1e-5f) {
-    result.token = ArgMax(values, vocab);
-  } else {
-    // Unnormalized probabilities relative to the best token (exp(0) = 1).
-    const float max = values[ArgMax(values, vocab)];
-    const float inv_t = 1.0f / o.temperature;
-    std::vector<int32_t>& cand = s->indices;
-    int32_t n = 0;
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (values[t] != kNegInf) cand[n++] = t;
+    for (int32_t i = 0; i < row.output_len; ++i) {
+      if (output[i] >= 0 && output[i] < vocab) ++counts[output[i]];
     }
-    if (o.top_k > 0 && o.top_k < n) {
-      std::nth_element(cand.begin(), cand.begin() + o.top_k, cand.begin() + n,
-                       [values](int32_t a, int32_t b) { return values[a] > values[b]; });
-      n = o.top_k;
-    }
-    double total = 0;
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t t = cand[i];
-      values[t] = std::exp((values[t] - max) * inv_t);
-    }
-    if (o.min_p > 0.0f) {  // relative to the best token, whose value is 1
-      int32_t kept = 0;
+    auto apply = [&](const TokenId* ids, int32_t n) {
       for (int32_t i = 0; i < n; ++i) {
-        if (values[cand[i]] >= o.min_p) cand[kept++] = cand[i];
+        const TokenId t = ids[i];
+        if (t < 0 || t >= vocab || counts[t] == 0) continue;  // applied already
+        values[t] = sr::PenalizedLogit(logits[t], counts[t], o.repetition_penalty, o.frequency_penalty,
+                                       o.presence_penalty);
+        counts[t] = 0;
       }
-      n = kept;
-    }
-    for (int32_t i = 0; i < n; ++i) total += values[cand[i]];
-    if (o.top_p < 1.0f) {
-      n = TopPCut(cand, n, values, total, o.top_p);
-      total = 0;
-      for (int32_t i = 0; i < n; ++i) total += values[cand[i]];
-    }
-    const double target = UniformDraw(row.rng_key, row.position) * total;
-    double cumulative = 0;
-    result.token = cand[n - 1];
-    for (int32_t i = 0; i < n; ++i) {
-      cumulative += values[cand[i]];
-      if (cumulative > target) {
-        result.token = cand[i];
-        break;
-      }
-    }
+    };
+    apply(prompt, row.prompt_len);
+    apply(output, row.output_len);
   }
+  const uint32_t* mask = row.mask_row >= 0 ? p.allowed + int64_t{row.mask_row} * p.words_per_row : nullptr;
+  for (int32_t t = 0; t < vocab; ++t) values[t] = sr::Candidate(values[t], sr::MaskAllows(mask, t));
+}
 
-  if (o.logprobs >= 0) {
-    const float lse = LogSumExp(logits, vocab);
-    result.logprob = logits[result.token] - lse;
-    const int32_t top = std::min(o.logprobs, vocab);
-    std::vector<int32_t>& idx = s->indices;
-    for (int32_t t = 0; t < vocab; ++t) idx[t] = t;
-    std::partial_sort(idx.begin(), idx.begin() + top, idx.begin() + vocab,
-                      [logits](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    for (int32_t i = 0; i < top; ++i) result.top.emplace_back(idx[i], logits[idx[i]] - lse);
+SamplingSupport FindSupport(const float* v, int32_t vocab, const SamplingOptions& o, SamplerScratch* s) {
+  SamplingSupport support;
+  std::vector<int32_t>& ids = s->ids;
+  ids.clear();
+  float vmax = kNegInf;
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (v[t] == kNegInf) continue;
+    ids.push_back(t);
+    vmax = std::max(vmax, v[t]);
   }
+  support.num_candidates = static_cast<int32_t>(ids.size());
+  if (ids.empty()) return support;
+  support.vmax = vmax;
+  support.inv_t = sr::InverseTemperature(o.temperature);
+  auto key = [v](int32_t t) { return sr::OrderKey(v[t]); };
+  if (sr::TopKActive(o.top_k, support.num_candidates)) {
+    support.key_cut =
+        RadixSelect(ids.data(), support.num_candidates, key, [](int32_t) { return uint64_t{1}; }, o.top_k);
+  }
+  if (o.min_p > 0.0f) support.min_p = sr::MinPThreshold(o.min_p);
+  if (!sr::TopPActive(o.top_p)) return support;
+  // K: the candidates top-k and min-p keep; top-p cuts K by mass. Tokens of
+  // mass 0 weigh nothing in the selection and are left out of its passes.
+  float* probs = s->probs.data();
+  int32_t kept = 0;
+  uint64_t total = 0;
+  for (int32_t t : ids) {
+    if (key(t) < support.key_cut) continue;
+    probs[t] = sr::RelativeProb(sr::ScaledLogit(v[t], vmax, support.inv_t));
+    if (support.min_p > 0.0f && probs[t] < support.min_p) continue;
+    const uint64_t mass = sr::Mass(probs[t]);
+    if (mass == 0) continue;
+    ids[kept++] = t;
+    total += mass;
+  }
+  support.key_cut = RadixSelect(ids.data(), kept, key, [probs](int32_t t) { return sr::Mass(probs[t]); },
+                                sr::TopPTarget(o.top_p, total));
+  return support;
+}
+
+SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
+  const SampleRow& row = p.rows[r];
+  const SamplingOptions& o = row.options;
+  const int32_t vocab = p.vocab;
+  if (static_cast<int32_t>(s->values.size()) < vocab) {
+    s->values.resize(vocab);
+    s->probs.resize(vocab);
+    s->ids.reserve(vocab);
+    s->counts.assign(vocab, 0);
+  }
+  RowValues(p, r, s);
+  const float* values = s->values.data();
+  SampledToken result;
+  if (sr::IsGreedy(o.temperature)) {
+    for (int32_t t = 1; t < vocab; ++t) {
+      if (sr::BeatsF(values[t], t, values[result.token], result.token)) result.token = t;
+    }
+  } else {
+    const SamplingSupport support = FindSupport(values, vocab, o, s);
+    const uint64_t row_key = sr::NoiseRowKey(row.rng_key, row.position);
+    // The Gumbel-max over the allowed set, starting from the best value's
+    // token (always allowed) so that sampling::CannotWin skips most others.
+    if (support.num_candidates > 0) {
+      int32_t best_id = 0;
+      for (int32_t t = 1; t < vocab; ++t) {
+        if (sr::BeatsF(values[t], t, values[best_id], best_id)) best_id = t;
+      }
+      double best = sr::GumbelScore(sr::ScaledLogit(values[best_id], support.vmax, support.inv_t), row_key, best_id);
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (t == best_id || !support.Allows(values[t])) continue;
+        const float d = sr::ScaledLogit(values[t], support.vmax, support.inv_t);
+        if (sr::CannotWin(d, best, row_key, t)) continue;
+        const double score = sr::GumbelScore(d, row_key, t);
+        if (sr::Beats(score, t, best, best_id)) {
+          best = score;
+          best_id = t;
+        }
+      }
+      result.token = best_id;
+    }
+  }
+  if (o.logprobs >= 0) Logprobs(p.logits + int64_t{r} * vocab, vocab, o.logprobs, &result, &s->ids);
   return result;
 }
 

@@ -1,17 +1,14 @@
-// SampleLogits: turns one row of logits into a token, as the request's
-// sampling options say. The CPU backend runs it for each sampling row; a GPU
-// backend implements the same semantics on the device.
+// SampleLogits: turns one row of logits into a token by the sampling rule of
+// worker/backends/portable/sampling_rule.h (logprobs of the raw logits;
+// penalties over the request's own history; the grammar mask; greedy argmax,
+// or temperature, top-k, min-p and top-p found by threshold search and a
+// Gumbel-max draw keyed by (rng_key, position, token)). The CPU backend runs
+// it for each row; the CUDA backend runs the same rule on the device, and
+// this is the reference its tests compare with.
 //
-// Order of operations (as vLLM's sampler):
-//  1. logprobs, if asked, come from the raw logits (log-softmax);
-//  2. penalties over the request's own history, never placeholders:
-//     repetition (prompt and output: positive logits divided, negative
-//     multiplied), then frequency and presence (output only);
-//  3. the grammar mask: disallowed tokens get -inf;
-//  4. temperature 0: greedy argmax; otherwise divide by the temperature, keep
-//     top-k, then min-p (relative to the most likely token), then top-p, and
-//     draw. The draw is keyed by (rng_key, position) alone, so the same seed
-//     gives the same tokens whatever else is in the batch.
+// It also serves as the host model of the GPU kernel's decomposition: the
+// thresholds are found by the same four radix levels (sampling::PickDigit)
+// over the same order keys and integer masses.
 //
 // Thread-compatible: a SamplerScratch per thread.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_SAMPLER_H_
@@ -21,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/types.h"
 #include "worker/backends/backend.h"
 
@@ -28,11 +26,10 @@ namespace tandem::worker {
 
 // Per-thread buffers, reused across rows.
 struct SamplerScratch {
-  std::vector<float> values;
-  std::vector<int32_t> indices;
-  std::vector<uint32_t> stamp;   // marks tokens already penalized in this row
-  std::vector<int32_t> counts;   // output-token counts for frequency penalties
-  uint32_t stamp_value = 0;
+  std::vector<float> values;       // penalized, masked logits of the row
+  std::vector<float> probs;        // e[t] of the candidates
+  std::vector<int32_t> ids;        // candidates, then the kept set
+  std::vector<uint32_t> counts;    // penalty counts; all zero between rows
 };
 
 struct SampledToken {
@@ -41,11 +38,31 @@ struct SampledToken {
   std::vector<std::pair<TokenId, float>> top; // top-n raw logprobs, most likely first
 };
 
-// Samples one row. `logits` has `vocab` entries.
-SampledToken SampleLogits(const float* logits, int32_t vocab, const SampleRow& row, SamplerScratch* scratch);
+// The allowed set of a row that samples (not greedy): the candidates whose
+// order key is >= key_cut and, when min-p is on, whose e[t] >= min_p.
+struct SamplingSupport {
+  int32_t num_candidates = 0;  // 0: no candidate, the token is 0
+  float vmax = 0.0f;
+  float inv_t = 1.0f;
+  uint32_t key_cut = 0;
+  float min_p = 0.0f;          // 0: min-p off
+  bool Allows(float v) const;  // v: the candidate's value (-inf: never)
+};
 
-// A uniform draw in [0, 1) determined by (key, position).
-double UniformDraw(uint64_t key, int32_t position);
+// OK, or InvalidArgument naming what in `p` is inconsistent (sizes, a row
+// pointing outside the history, the counts or the mask).
+absl::Status ValidateSampleParams(const SampleParams& p);
+
+// Samples row `r` of `p` (host memory). REQUIRES: ValidateSampleParams(p).
+SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* scratch);
+
+// The penalized, masked values of row `r` (steps 2 and 3 of the rule) into
+// scratch->values[0, vocab).
+void RowValues(const SampleParams& p, int32_t r, SamplerScratch* scratch);
+
+// Steps 5's thresholds for values `v` (-inf: not a candidate) and `options`,
+// by radix selection. REQUIRES: !IsGreedy(options.temperature).
+SamplingSupport FindSupport(const float* v, int32_t vocab, const SamplingOptions& options, SamplerScratch* scratch);
 
 }  // namespace tandem::worker
 
