@@ -31,3 +31,21 @@ expect_refusal(1 "cannot open ${missing}: No such file or directory (tools/setup
                ${WORKER} --model ${missing})
 expect_refusal(2 "flag --kv-cache-memory expects a size" ${WORKER} --kv-cache-memory banana)
 expect_refusal(2 "flag --max-num-seqs must be in [1, 1048576], got 0" ${SCHEDULER} --max-num-seqs 0)
+expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${TANDEM} serve --backend tpu --port 0 --grpc-port 0)
+expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${WORKER} --backend tpu)
+expect_refusal(2 "flag --comm nccl needs --backend cuda" ${WORKER} --comm nccl)
+expect_refusal(2 "flag --gpu-memory-utilization must be in (0, 1], got 1.5" ${WORKER} --gpu-memory-utilization 1.5)
+
+# --backend cuda where it cannot run (a build without CUDA, a machine without
+# a usable GPU, as in CI) exits 1 naming the cause, before the model is read;
+# where it can, the missing model is what stops it.
+execute_process(COMMAND ${WORKER} --backend cuda --model ${missing}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 20)
+if(NOT rc STREQUAL "1")
+  message(FATAL_ERROR "tandem-worker --backend cuda: exit status ${rc}, expected 1\n${err}")
+endif()
+string(FIND "${err}" "--backend cuda" cause)
+string(FIND "${err}" "cannot open ${missing}" no_model)
+if(cause EQUAL -1 AND no_model EQUAL -1)
+  message(FATAL_ERROR "tandem-worker --backend cuda: expected the cause (--backend cuda ...), got\n${err}")
+endif()

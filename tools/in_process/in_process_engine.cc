@@ -31,7 +31,9 @@ absl::StatusOr<std::unique_ptr<InProcessEngine>> InProcessEngine::Create(const I
   const int32_t threads = std::max(1, (options.threads > 0 ? options.threads : hardware) / stages);
   int64_t blocks = std::numeric_limits<int64_t>::max();
   for (int32_t s = 0; s < stages; ++s) {
-    e->backends_.push_back(std::make_unique<worker::CpuBackend>(threads));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<worker::Backend> backend,
+                            worker::MakeBackend({options.backend, options.device, threads}));
+    e->backends_.push_back(std::move(backend));
     TANDEM_ASSIGN_OR_RETURN(auto model, worker::LlamaModel::Load(*e->file_, e->config_, e->backends_.back().get(),
                                                                  worker::PipelineStage(e->config_.num_layers, stages, s)));
     blocks = std::min(blocks, options.kv_cache_bytes / model->KvBytesPerBlock(options.block_size));
@@ -50,8 +52,11 @@ absl::StatusOr<std::unique_ptr<InProcessEngine>> InProcessEngine::Create(const I
   for (int32_t s = 0; s < stages; ++s) {
     TANDEM_RETURN_IF_ERROR(e->models_[s]->AllocateKvCache(e->num_kv_blocks_, options.block_size));
     if (stages > 1) {
-      e->communicators_.push_back(std::make_unique<worker::LoopbackCommunicator>(e->hub_.get(), s));
-      runner_options.communicator = e->communicators_.back().get();
+      // Loopback moves host memory: a GPU's stages pass through staging copies.
+      e->transports_.push_back(worker::OverHostCommunicator(
+          *e->backends_[s], std::make_unique<worker::LoopbackCommunicator>(e->hub_.get(), s)));
+      runner_options.communicator = e->transports_.back()->hidden();
+      runner_options.token_communicator = e->transports_.back()->tokens();
     }
     e->runners_.push_back(
         std::make_unique<worker::ModelRunner>(e->backends_[s].get(), e->models_[s].get(), runner_options));

@@ -1,7 +1,8 @@
 // InProcessEngine: the whole engine in one process: a GGUF model on the CPU
-// backend, its tokenizer, one ModelRunner per pipeline stage (stages run as
-// threads, connected by loopback communicators), the Scheduler and the
-// EngineCore loop, sized from one options struct. `tandem generate`, the benchmarks and
+// or CUDA backend (one backend per stage, all on the same device), its
+// tokenizer, one ModelRunner per pipeline stage (stages run as threads,
+// connected by loopback communicators, through staging copies on a GPU), the
+// Scheduler and the EngineCore loop, sized from one options struct. `tandem generate`, the benchmarks and
 // the cross-component tests use it.
 //
 //   TANDEM_ASSIGN_OR_RETURN(auto engine, InProcessEngine::Create(options));
@@ -26,10 +27,11 @@
 #include "scheduler/core/scheduler.h"
 #include "tools/in_process/in_process_executor.h"
 #include "tools/in_process/pipeline_executor.h"
+#include "worker/backends/backend.h"
 #include "worker/comm/loopback_communicator.h"
-#include "worker/backends/cpu/cpu_backend.h"
 #include "worker/model/llama_model.h"
 #include "worker/runner/model_runner.h"
+#include "worker/server/backend_factory.h"
 
 namespace tandem::tools {
 
@@ -37,7 +39,9 @@ struct InProcessEngineOptions {
   std::string model_path;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV cache budget of each stage
   int32_t pipeline_parallel_size = 1;
-  int32_t threads = 0;                        // 0: every hardware thread
+  int32_t threads = 0;                        // 0: every hardware thread (cpu)
+  std::string backend = "cpu";                // cpu | cuda
+  int32_t device = 0;                         // the CUDA device of every stage
   bool async_scheduling = true;
   int32_t block_size = 16;
   int32_t max_num_seqs = 64;
@@ -77,10 +81,10 @@ class InProcessEngine {
   std::unique_ptr<gguf::GgufFile> file_;
   gguf::LlamaConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::vector<std::unique_ptr<worker::CpuBackend>> backends_;  // one per stage
+  std::vector<std::unique_ptr<worker::Backend>> backends_;  // one per stage
   std::vector<std::unique_ptr<worker::LlamaModel>> models_;
   std::unique_ptr<worker::LoopbackHub> hub_;
-  std::vector<std::unique_ptr<worker::LoopbackCommunicator>> communicators_;
+  std::vector<std::unique_ptr<worker::PipelineTransport>> transports_;  // one per stage
   std::vector<std::unique_ptr<worker::ModelRunner>> runners_;
   std::unique_ptr<scheduler::Executor> executor_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;

@@ -1,5 +1,6 @@
 // `tandem generate`: one prompt through the in-process engine (scheduler,
-// async engine loop, CPU model runner); prints the generated text.
+// async engine loop, model runners on the CPU or a GPU, one per pipeline
+// stage); prints the generated text.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -54,8 +55,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   int64_t max_tokens = 32, threads = 0, top_k = 0, seed = -1;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   int64_t kv_cache_memory = int64_t{1} << 30;
+  int64_t device = 0, pipeline_parallel_size = 1;
   bool async_scheduling = true, ignore_eos = false, json = false;
-  std::string connect;
+  std::string connect, backend = "cpu";
   FlagParser flags("tandem generate",
                    "Generates a continuation of --prompt with the in-process engine and prints it.\n"
                    "Greedy unless --temperature is above 0.");
@@ -70,12 +72,20 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddInt("seed", &seed, "seed of the random draws (-1 = none)", -1);
   flags.AddBool("ignore-eos", &ignore_eos, "keep going after the end-of-sequence token");
   flags.AddInt("threads", &threads, "CPU threads (0 = all)", 0, 1024);
-  flags.AddBytes("kv-cache-memory", &kv_cache_memory, "KV cache budget");
+  flags.AddBytes("kv-cache-memory", &kv_cache_memory, "KV cache budget of each pipeline stage");
+  flags.AddString("backend", &backend, "where the model runs: cpu or cuda");
+  flags.AddInt("device", &device, "the CUDA device (--backend cuda); every stage runs on it", 0, 1023);
+  flags.AddInt("pipeline-parallel-size", &pipeline_parallel_size, "pipeline stages, as threads of this process", 1,
+               64);
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
   flags.AddBool("json", &json, "print one JSON object with the prompt's and the output's token ids");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   if (prompt.empty()) {
     std::fprintf(stderr, "tandem generate: --prompt is required\n");
+    return 2;
+  }
+  if (backend != "cpu" && backend != "cuda") {
+    std::fprintf(stderr, "tandem generate: flag --backend must be cpu or cuda, got '%s'\n", backend.c_str());
     return 2;
   }
   if (temperature < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1) {
@@ -97,6 +107,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   options.threads = static_cast<int32_t>(threads);
   options.kv_cache_bytes = kv_cache_memory;
   options.async_scheduling = async_scheduling;
+  options.backend = backend;
+  options.device = static_cast<int32_t>(device);
+  options.pipeline_parallel_size = static_cast<int32_t>(pipeline_parallel_size);
   const auto load_start = std::chrono::steady_clock::now();
   auto engine = InProcessEngine::Create(options);
   if (!engine.ok()) {

@@ -25,8 +25,10 @@ constexpr char kUsage[] =
     "`tandem <command> --help` lists a command's flags.\n";
 
 int PrintVersion() {
-  std::printf("tandem %s (CUDA %s, NCCL %s)\n", TANDEM_VERSION, TANDEM_HAVE_CUDA ? "yes" : "no",
-              TANDEM_HAVE_NCCL ? "yes" : "no");
+  // Whether a device is usable is the worker's question (--backend cuda says
+  // why not); this is what the build can run.
+  std::printf("tandem %s (CUDA %s, NCCL %s; backends: %s)\n", TANDEM_VERSION, TANDEM_HAVE_CUDA ? "yes" : "no",
+              TANDEM_HAVE_NCCL ? "yes" : "no", TANDEM_HAVE_CUDA ? "cpu, cuda" : "cpu");
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "common/gguf/model_file.h"
 #include "tools/cluster/local_cluster.h"
 #include "tools/tandem/commands.h"
+#include "worker/server/backend_factory.h"
 
 namespace tandem::tools {
 
@@ -56,6 +57,13 @@ int RunServe(const std::vector<std::string>& args) {
   if (absl::Status s = Validate(o); !s.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
     return 2;
+  }
+  // A backend the workers cannot have (no CUDA in this build, no usable
+  // device) is said once, here, before any child starts.
+  if (absl::Status s = worker::BackendAvailable({o.worker.backend, static_cast<int32_t>(o.worker.device), 1});
+      !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return 1;
   }
 
   // Signals are taken synchronously below; children get an empty mask.

@@ -30,6 +30,10 @@ struct BackendChoice {
 bool BuildHasCuda();
 bool BuildHasNccl();
 
+// OK when MakeBackend(choice) can work, without making it (no CUDA context
+// is created): for `tandem serve` to refuse before it starts any worker.
+absl::Status BackendAvailable(const BackendChoice& choice);
+
 // The backend, or FailedPrecondition naming why it cannot be had: "this
 // build has no CUDA", or CudaDeviceUsable's cause (no driver, no device, the
 // index out of range). InvalidArgument for an unknown backend name.

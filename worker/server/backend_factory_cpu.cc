@@ -9,14 +9,19 @@ namespace tandem::worker {
 bool BuildHasCuda() { return false; }
 bool BuildHasNccl() { return false; }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
-  if (choice.backend == "cpu") return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
+absl::Status BackendAvailable(const BackendChoice& choice) {
+  if (choice.backend == "cpu") return absl::OkStatus();
   if (choice.backend == "cuda") {
     return absl::FailedPreconditionError(
         "--backend cuda: this build has no CUDA (configure on a machine with the CUDA toolkit, "
         "with -DTANDEM_ENABLE_CUDA=ON)");
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown backend '", choice.backend, "' (cpu or cuda)"));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
+  if (absl::Status s = BackendAvailable(choice); !s.ok()) return s;
+  return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
 }
 
 std::string DeviceName(const Backend& backend) { return backend.name(); }

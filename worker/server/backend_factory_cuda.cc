@@ -69,19 +69,30 @@ class NcclTransport : public PipelineTransport {
 bool BuildHasCuda() { return true; }
 bool BuildHasNccl() { return TANDEM_HAVE_NCCL; }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
-  if (choice.backend == "cpu") return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
+namespace {
+
+absl::Status Prefixed(const BackendChoice& choice, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("--backend cuda --device ", choice.device, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::Status BackendAvailable(const BackendChoice& choice) {
+  if (choice.backend == "cpu") return absl::OkStatus();
   if (choice.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("unknown backend '", choice.backend, "' (cpu or cuda)"));
   }
-  auto prefix = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("--backend cuda --device ", choice.device, ": ", s.message()));
-  };
-  if (absl::Status usable = CudaDeviceUsable(choice.device); !usable.ok()) return prefix(usable);
+  absl::Status usable = CudaDeviceUsable(choice.device);
+  return usable.ok() ? usable : Prefixed(choice, usable);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
+  TANDEM_RETURN_IF_ERROR(BackendAvailable(choice));
+  if (choice.backend == "cpu") return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
   CudaBackendOptions options;
   options.device = choice.device;
   auto backend = CudaBackend::Create(options);
-  if (!backend.ok()) return prefix(backend.status());
+  if (!backend.ok()) return Prefixed(choice, backend.status());
   return std::unique_ptr<Backend>(std::move(backend).value());
 }
 

@@ -29,6 +29,7 @@ TEST(BackendFactoryTest, AnUnknownBackendIsInvalid) {
 
 TEST(BackendFactoryTest, CudaIsMadeOrRefusedWithTheCause) {
   auto backend = MakeBackend({"cuda", 0, 0});
+  EXPECT_EQ(BackendAvailable({"cuda", 0, 0}).ok(), backend.ok());  // the same answer, without a context
   if (!BuildHasCuda()) {
     ASSERT_FALSE(backend.ok());
     EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
