@@ -25,6 +25,9 @@ constexpr int kThreads = 256;
 // threads) several times over; larger sizes loop.
 constexpr int64_t kMaxGridStrideBlocks = 4096;
 constexpr int64_t kMaxGridX = std::numeric_limits<int32_t>::max();
+// Rotary pairs a head may have (rope_dim 512; the table is 1 KiB of kernel
+// parameters, within the 4 KiB every architecture accepts).
+constexpr int32_t kMaxRopePairs = 256;
 
 unsigned GridStrideBlocks(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxGridStrideBlocks));
@@ -79,12 +82,17 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* out, i
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = row[c] * scale * weight[c];
 }
 
+// inv_freq of every rotary pair, computed on the host (portable/rope.h says
+// why) and passed by value with the launch: no upload, no device memory.
+struct RopeInvFreqTable {
+  float inv_freq[kMaxRopePairs];
+};
+
 // One CTA per token; its threads take the (head, pair) items of q's heads
 // and then k's.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t num_heads, int32_t num_kv_heads,
-                           int32_t head_dim, int32_t rope_dim, float freq_base, float freq_scale) {
+                           int32_t head_dim, int32_t pairs, float freq_scale, RopeInvFreqTable table) {
   const int64_t t = blockIdx.x;
-  const int32_t pairs = rope_dim / 2;
   const int32_t position = positions[t];
   const int32_t items = (num_heads + num_kv_heads) * pairs;
   for (int32_t item = threadIdx.x; item < items; item += blockDim.x) {
@@ -93,7 +101,7 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t
     float* head = h < num_heads ? q + (t * num_heads + h) * head_dim
                                 : k + (t * num_kv_heads + (h - num_heads)) * head_dim;
     float c, s;
-    portable::RopeCosSin(position, i, rope_dim, freq_base, freq_scale, &c, &s);
+    portable::RopeCosSin(position, freq_scale, table.inv_freq[i], &c, &s);
     portable::RopeRotatePair(head + 2 * i, head + 2 * i + 1, c, s);
   }
 }
@@ -174,8 +182,9 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, CUstream_st* stream) {
 }
 
 absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream) {
-  if (p.rope_dim % 2 != 0 || p.rope_dim < 0 || p.rope_dim > p.head_dim) {
-    return Invalid("rope", absl::StrCat("bad rotary dimension ", p.rope_dim, " of head_dim ", p.head_dim));
+  if (p.rope_dim % 2 != 0 || p.rope_dim < 0 || p.rope_dim > p.head_dim || p.rope_dim / 2 > kMaxRopePairs) {
+    return Invalid("rope", absl::StrCat("bad rotary dimension ", p.rope_dim, " of head_dim ", p.head_dim,
+                                        " (at most ", 2 * kMaxRopePairs, ")"));
   }
   if (p.num_tokens < 0 || p.num_heads < 0 || p.num_kv_heads < 0) {
     return Invalid("rope", absl::StrCat("num_tokens ", p.num_tokens, ", heads ", p.num_heads, "/", p.num_kv_heads));
@@ -187,8 +196,12 @@ absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream) {
   if (p.positions == nullptr || (p.num_heads > 0 && p.q == nullptr) || (p.num_kv_heads > 0 && p.k == nullptr)) {
     return Invalid("rope", "null pointer");
   }
+  RopeInvFreqTable table;
+  const int32_t pairs = p.rope_dim / 2;
+  for (int32_t i = 0; i < pairs; ++i) table.inv_freq[i] = portable::RopeInvFreq(p.freq_base, i, p.rope_dim);
+  for (int32_t i = pairs; i < kMaxRopePairs; ++i) table.inv_freq[i] = 0.0f;
   RopeKernel<<<p.num_tokens, kThreads / 2, 0, stream>>>(p.q, p.k, p.positions, p.num_heads, p.num_kv_heads,
-                                                        p.head_dim, p.rope_dim, p.freq_base, p.freq_scale);
+                                                        p.head_dim, pairs, p.freq_scale, table);
   return LaunchStatus("RopeKernel");
 }
 

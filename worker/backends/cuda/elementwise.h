@@ -30,7 +30,8 @@ absl::Status LaunchEmbedding(const EmbeddingParams& p, CUstream_st* stream);
 // One CTA per row: the sum of squares in float, then x * scale * weight.
 absl::Status LaunchRmsNorm(const RmsNormParams& p, CUstream_st* stream);
 
-// portable/rope.h's rotation of every (token, head, pair) of q and k, in place.
+// portable/rope.h's rotation of every (token, head, pair) of q and k, in
+// place, with inv_freq computed here on the host. rope_dim at most 512.
 absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream);
 
 // cache.k/v[slots[t], :] = k/v[t, :]; a negative slot is skipped.

@@ -81,11 +81,13 @@ TEST(RopeMathTest, PositionZeroIsTheIdentity) {
 }
 
 TEST(RopeMathTest, FirstPairTurnsByThePositionInRadians) {
+  EXPECT_EQ(RopeInvFreq(10000.0f, 0, 64), 1.0f);
+  EXPECT_FLOAT_EQ(RopeInvFreq(10000.0f, 16, 64), 0.01f);
   float c, s;
-  RopeCosSin(3, 0, 64, 10000.0f, 1.0f, &c, &s);
+  RopeCosSin(3, 1.0f, RopeInvFreq(10000.0f, 0, 64), &c, &s);
   EXPECT_FLOAT_EQ(c, std::cos(3.0f));
   EXPECT_FLOAT_EQ(s, std::sin(3.0f));
-  RopeCosSin(6, 0, 64, 10000.0f, 0.5f, &c, &s);  // linear scaling halves the position
+  RopeCosSin(6, 0.5f, 1.0f, &c, &s);  // linear scaling halves the position
   EXPECT_FLOAT_EQ(c, std::cos(3.0f));
 }
 
