@@ -13,20 +13,23 @@
 // updates its slice of the accumulator.
 //
 // Resources (per CTA of 128 threads): registers hold the query slices, the
-// accumulators and one chunk of K and V per lane, about
-// kTile * kVec * 2 + kChunk * kVec * 2 floats (128 at head_dim 128 and a
-// head tile of 4, 192 at a tile of 8): registers, not shared memory, limit
-// occupancy (about 3-4 CTAs per SM at tile 8 and head_dim 128). The decode
-// kernel's only shared memory is the warps' states for the final fold,
-// kWarps * kTile * (head_dim + 2) floats (at most 16.5 KiB); the prefill
-// kernel uses none.
+// accumulators and one chunk of K and V per lane. ptxas (sm_90a, no spills):
+// decode 96 registers at head_dim 64 and a head tile of 4 (SmolLM2), 154 at
+// 128 x 4, 187 at 128 x 8; prefill a few more. Registers, not shared memory,
+// limit occupancy: 5 CTAs (20 warps) per SM for SmolLM2, 2 at 128 x 8. The
+// decode kernel's only shared memory is the warps' states for the final
+// fold, kWarps * kTile * (head_dim + 2) floats (at most 16.3 KiB); the
+// prefill kernel uses none.
 //
 // What a faster kernel would do (not needed for correctness): for prefill,
 // FlashAttention-2's tiling, a tile of queries x a tile of keys staged in
 // shared memory (cp.async/TMA) and multiplied on tensor cores (bf16 mma with
 // fp32 accumulation), splitting long contexts across CTAs as decode does;
-// for decode, keys read in bf16/fp8, the split chosen from the SM count and
-// the batch, and a CUDA-graph-friendly fixed grid.
+// for decode, a reduce-scatter of a chunk's 8 partial dots across the warp
+// (9 shuffles per head instead of 40), keys read in bf16/fp8, the split
+// chosen from the SM count and the batch (keeping it per sequence keeps
+// results batch-invariant), and a fixed grid for CUDA graphs (the grid now
+// follows max_seq_len and max_query_len).
 #include "worker/backends/cuda/paged_attention.h"
 
 #include <cuda_runtime.h>
