@@ -44,7 +44,7 @@ ModelRunner::~ModelRunner() {
   // A copy still in flight writes into a step's buffers: they must outlive it.
   // Steps handed out own theirs (StepOutput's destructor waits).
   for (PendingStep& step : pending_) {
-    if (step.copied != nullptr) step.copied->Wait().IgnoreError();
+    for (auto& copy : step.copies) copy->Wait().IgnoreError();
   }
 }
 
@@ -345,8 +345,8 @@ absl::Status ModelRunner::Absorb(PendingStep& step) {
   if (step.absorbed) return absl::OkStatus();
   if (step.taken != nullptr) {
     TANDEM_RETURN_IF_ERROR(step.taken->Wait());
-  } else if (step.copied != nullptr) {
-    TANDEM_RETURN_IF_ERROR(step.copied->Wait());
+  } else {
+    for (auto& copy : step.copies) TANDEM_RETURN_IF_ERROR(copy->Wait());
   }
   const std::vector<TokenId>& tokens = step.taken != nullptr ? step.taken->tokens_ : step.tokens;
   for (const Row& row : step.rows) {
@@ -362,8 +362,10 @@ absl::Status ModelRunner::Absorb(PendingStep& step) {
 absl::StatusOr<bool> ModelRunner::TryAbsorb(PendingStep& step) {
   if (step.absorbed) return true;
   if (!step.sampled) return false;
-  const bool done = step.taken != nullptr ? step.taken->Done() : step.copied == nullptr || step.copied->Done();
-  if (!done) return false;
+  if (step.taken != nullptr ? !step.taken->Done()
+                            : !std::all_of(step.copies.begin(), step.copies.end(), [](auto& c) { return c->Done(); })) {
+    return false;
+  }
   TANDEM_RETURN_IF_ERROR(Absorb(step));  // returns at once: the copies are done
   return true;
 }
@@ -488,14 +490,18 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   if (with_logprobs) {
     step.logprobs.resize(num_rows * (1 + max_top));
     step.top_ids.resize(num_rows * max_top);
-    TANDEM_ASSIGN_OR_RETURN(step.copied, backend_->DownloadAsync(logprobs_->data(), step.logprobs.data(),
-                                                                 step.logprobs.size() * sizeof(float)));
-    TANDEM_ASSIGN_OR_RETURN(step.copied, backend_->DownloadAsync(top_ids_->data(), step.top_ids.data(),
-                                                                 step.top_ids.size() * sizeof(TokenId)));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Event> logprobs,
+                            backend_->DownloadAsync(logprobs_->data(), step.logprobs.data(),
+                                                    step.logprobs.size() * sizeof(float)));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Event> top_ids,
+                            backend_->DownloadAsync(top_ids_->data(), step.top_ids.data(),
+                                                    step.top_ids.size() * sizeof(TokenId)));
+    step.copies.push_back(std::move(logprobs));
+    step.copies.push_back(std::move(top_ids));
   }
-  // Issued last: when this copy is complete, so are the ones before it.
-  TANDEM_ASSIGN_OR_RETURN(step.copied,
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Event> tokens,
                           backend_->DownloadAsync(sampled_->data(), step.tokens.data(), num_rows * sizeof(TokenId)));
+  step.copies.push_back(std::move(tokens));
   return absl::OkStatus();
 }
 
@@ -516,7 +522,7 @@ absl::StatusOr<std::shared_ptr<StepOutput>> ModelRunner::TakeOutput(uint64_t ste
   out->row_logprobs_ = step.row_logprobs;
   {
     absl::MutexLock lock(&out->mu_);
-    out->copied_ = std::move(step.copied);
+    out->copies_ = std::move(step.copies);
   }
   step.taken = out;
   TANDEM_RETURN_IF_ERROR(AbsorbFinished());
@@ -535,16 +541,17 @@ StepOutput::~StepOutput() { Wait().IgnoreError(); }
 
 absl::Status StepOutput::Wait() {
   absl::MutexLock lock(&mu_);
-  if (copied_ == nullptr) return absl::OkStatus();
-  absl::Status s = copied_->Wait();
-  if (s.ok()) done_.store(true, std::memory_order_release);
-  return s;
+  for (auto& copy : copies_) TANDEM_RETURN_IF_ERROR(copy->Wait());
+  done_.store(true, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 bool StepOutput::Done() {
   if (done_.load(std::memory_order_acquire)) return true;
-  if (!mu_.TryLock()) return false;  // another thread waits on the event
-  const bool done = copied_ == nullptr || copied_->Done();
+  if (!mu_.TryLock()) return false;  // another thread waits on the events
+  // Each copy is asked (a backend may land a copy when asked), not only the last.
+  bool done = true;
+  for (auto& copy : copies_) done = copy->Done() && done;
   mu_.Unlock();
   if (done) done_.store(true, std::memory_order_release);
   return done;

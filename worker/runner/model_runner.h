@@ -97,7 +97,7 @@ class StepOutput {
   };
 
   // Set by the runner before it hands the object out; read-only afterwards
-  // (the buffers are written by the device until `copied_` completes).
+  // (the buffers are written by the copies until their events complete).
   uint64_t seq_ = 0;
   std::vector<RowInfo> rows_;
   std::vector<TokenId> tokens_;        // per logits row
@@ -106,10 +106,10 @@ class StepOutput {
   int32_t max_top_ = -1;               // -1: no row asked for logprobs
   std::vector<int32_t> row_logprobs_;  // per logits row: requested top-n, -1 none
 
-  // One thread at a time queries or waits on the event (a backend's Event
+  // One thread at a time queries or waits on the events (a backend's Event
   // need not be thread-safe).
   absl::Mutex mu_;
-  std::unique_ptr<Event> copied_ ABSL_PT_GUARDED_BY(mu_);  // null: nothing to copy
+  std::vector<std::unique_ptr<Event>> copies_ ABSL_GUARDED_BY(mu_);  // empty: nothing to copy
   std::atomic<bool> done_{false};
 };
 
@@ -170,8 +170,11 @@ class ModelRunner {
     std::vector<TokenId> top_ids;      // per logits row: max_top
     int32_t max_top = -1;              // -1: no row asked for logprobs
     std::vector<int32_t> row_logprobs; // per logits row: requested top-n, -1 none
-    std::unique_ptr<Event> copied;
-    // Once TakeOutput handed the step out: its buffers and event moved here
+    // Every device-to-host copy of the step, each waited on: a backend may
+    // land a copy in the host buffer only when its own event is waited on or
+    // found done (CudaBackend copies through pinned bounce buffers).
+    std::vector<std::unique_ptr<Event>> copies;
+    // Once TakeOutput handed the step out: its buffers and events moved here
     // (the vectors above are then empty); the step stays in pending_ until
     // its tokens are absorbed.
     std::shared_ptr<StepOutput> taken;

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/backends/cpu/cpu_backend.h"
+#include "worker/testing/forwarding_backend.h"
 
 namespace tandem::worker {
 namespace {
@@ -62,46 +63,23 @@ class GatedEvent : public Event {
 
 // The CPU backend, whose downloads complete when the gate opens, counting
 // the forward passes (one embedding each) and the downloads.
-class GatedBackend : public Backend {
+class GatedBackend : public testing::ForwardingBackend {
  public:
-  explicit GatedBackend(Gate* gate) : gate_(gate), cpu_(1) {}
-  std::string name() const override { return cpu_.name(); }
-  int32_t num_threads() const override { return cpu_.num_threads(); }
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override { return cpu_.Allocate(bytes); }
-  absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override {
-    return cpu_.Upload(dst, offset, src, bytes);
-  }
+  explicit GatedBackend(Gate* gate) : ForwardingBackend(std::make_unique<CpuBackend>(1)), gate_(gate) {}
   absl::StatusOr<std::unique_ptr<Event>> DownloadAsync(const void* src, void* dst, size_t bytes) override {
-    auto copied = cpu_.DownloadAsync(src, dst, bytes);  // the CPU copies at once
+    auto copied = inner().DownloadAsync(src, dst, bytes);  // the CPU copies at once
     if (!copied.ok()) return copied.status();
     absl::MutexLock lock(&mu_);
     ++downloads_;
     return std::unique_ptr<Event>(new GatedEvent(gate_));
-  }
-  absl::Status Synchronize() override { return cpu_.Synchronize(); }
-  absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& t) override { return cpu_.LoadWeight(t); }
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> LoadVector(const gguf::GgufTensor& t) override {
-    return cpu_.LoadVector(t);
   }
   absl::Status Embedding(const EmbeddingParams& p) override {
     {
       absl::MutexLock lock(&mu_);
       ++forwards_;
     }
-    return cpu_.Embedding(p);
+    return inner().Embedding(p);
   }
-  absl::Status Matmul(const MatmulParams& p) override { return cpu_.Matmul(p); }
-  absl::Status RmsNorm(const RmsNormParams& p) override { return cpu_.RmsNorm(p); }
-  absl::Status Rope(const RopeParams& p) override { return cpu_.Rope(p); }
-  absl::Status WriteKv(const WriteKvParams& p) override { return cpu_.WriteKv(p); }
-  absl::Status PagedAttention(const AttentionParams& p) override { return cpu_.PagedAttention(p); }
-  absl::Status SiluMul(const SiluMulParams& p) override { return cpu_.SiluMul(p); }
-  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
-    return cpu_.CopyOnDevice(dst, src, bytes);
-  }
-  absl::Status GatherRows(const GatherRowsParams& p) override { return cpu_.GatherRows(p); }
-  absl::Status CopyTokens(const CopyTokensParams& p) override { return cpu_.CopyTokens(p); }
-  absl::Status Sample(const SampleParams& p) override { return cpu_.Sample(p); }
 
   // Waits until `forwards` forward passes and `downloads` downloads were
   // enqueued; false after 10 s.
@@ -115,7 +93,6 @@ class GatedBackend : public Backend {
 
  private:
   Gate* const gate_;
-  CpuBackend cpu_;
   absl::Mutex mu_;
   int forwards_ ABSL_GUARDED_BY(mu_) = 0;
   int downloads_ ABSL_GUARDED_BY(mu_) = 0;
