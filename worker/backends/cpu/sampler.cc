@@ -134,14 +134,18 @@ SamplingSupport FindSupport(const float* v, int32_t vocab, const SamplingOptions
   SamplingSupport support;
   std::vector<int32_t>& ids = s->ids;
   ids.clear();
+  const bool cuts = o.top_k > 0 || sr::TopPActive(o.top_p);  // the candidates' list is for those
   float vmax = kNegInf;
   for (int32_t t = 0; t < vocab; ++t) {
     if (v[t] == kNegInf) continue;
-    ids.push_back(t);
-    vmax = std::max(vmax, v[t]);
+    ++support.num_candidates;
+    if (cuts) ids.push_back(t);
+    if (v[t] > vmax) {
+      vmax = v[t];
+      support.max_id = t;
+    }
   }
-  support.num_candidates = static_cast<int32_t>(ids.size());
-  if (ids.empty()) return support;
+  if (support.num_candidates == 0) return support;
   support.vmax = vmax;
   support.inv_t = sr::InverseTemperature(o.temperature);
   auto key = [v](int32_t t) { return sr::OrderKey(v[t]); };
@@ -193,10 +197,7 @@ SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
     // The Gumbel-max over the allowed set, starting from the best value's
     // token (always allowed) so that sampling::CannotWin skips most others.
     if (support.num_candidates > 0) {
-      int32_t best_id = 0;
-      for (int32_t t = 1; t < vocab; ++t) {
-        if (sr::BeatsF(values[t], t, values[best_id], best_id)) best_id = t;
-      }
+      int32_t best_id = support.max_id;
       double best = sr::GumbelScore(sr::ScaledLogit(values[best_id], support.vmax, support.inv_t), row_key, best_id);
       for (int32_t t = 0; t < vocab; ++t) {
         if (t == best_id || !support.Allows(values[t])) continue;

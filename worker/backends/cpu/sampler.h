@@ -43,6 +43,7 @@ struct SampledToken {
 struct SamplingSupport {
   int32_t num_candidates = 0;  // 0: no candidate, the token is 0
   float vmax = 0.0f;
+  int32_t max_id = 0;          // the lowest id with value vmax
   float inv_t = 1.0f;
   uint32_t key_cut = 0;
   float min_p = 0.0f;          // 0: min-p off
