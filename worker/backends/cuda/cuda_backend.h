@@ -64,7 +64,15 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   int32_t num_threads() const override { return 1; }
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  // Copies `src` into a pinned staging slot and enqueues the copy on the
+  // compute stream: `src` may be reused as soon as this returns.
   absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;
+  // The copy stream waits for the compute stream, then copies `src` into a
+  // pinned bounce buffer. `dst` (pageable is fine) receives the bytes when
+  // this event's own Wait() returns or Done() first returns true, on that
+  // caller's thread; another download's completion does not fill it, and an
+  // event destroyed before either drops the copy. `src` must stay allocated
+  // until the event is done (the copy stream reads it).
   absl::StatusOr<std::unique_ptr<Event>> DownloadAsync(const void* src, void* dst, size_t bytes) override;
   absl::Status Synchronize() override;
   absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) override;

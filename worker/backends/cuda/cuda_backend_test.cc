@@ -308,6 +308,28 @@ TEST_F(CudaBackendTest, DownloadEventWaitsOnAnotherThread) {
   EXPECT_TRUE((*event)->Done());
 }
 
+// Many downloads in flight, waited in reverse order, then again with their
+// bounce buffers and events reused from the pool.
+TEST_F(CudaBackendTest, ManyDownloadsInFlight) {
+  const std::vector<float> data = RandomFloats(1 << 16, 20);
+  auto buffer = Put(*gpu_, data);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<float>> backs(24);
+    std::vector<std::unique_ptr<Event>> events;
+    for (size_t i = 0; i < backs.size(); ++i) {
+      const size_t n = (i * 2731) % data.size() + 1;
+      backs[i].assign(n, -1.0f);
+      auto event = gpu_->DownloadAsync(buffer->as<float>() + (data.size() - n), backs[i].data(), n * sizeof(float));
+      ASSERT_TRUE(event.ok()) << event.status();
+      events.push_back(std::move(event).value());
+    }
+    for (size_t i = backs.size(); i-- > 0;) {
+      ASSERT_TRUE(events[i]->Wait().ok());
+      EXPECT_TRUE(std::equal(backs[i].begin(), backs[i].end(), data.end() - backs[i].size())) << i;
+    }
+  }
+}
+
 // Uploads far more than the ring holds (8 x 8 MiB), small and large, each
 // from a host buffer overwritten right after the call: the device sees every
 // upload's bytes, in order.
