@@ -116,6 +116,7 @@ NcclCommunicator::~NcclCommunicator() {
   }
   FreeStaging(send_);
   FreeStaging(recv_);
+  for (void* buffer : retired_) cudaFree(buffer);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   cudaEventDestroy(done_);
 }
@@ -202,15 +203,16 @@ absl::Status NcclCommunicator::EnsureStaging(Staging& staging, int i, size_t byt
         CudaStatus(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate (staging)"));
   }
   if (staging.bytes[i] >= bytes) return absl::OkStatus();
+  // Grown by doubling, from 64 KiB, so a growing batch reallocates rarely.
+  const size_t grown = std::max({bytes, size_t{64} << 10, 2 * staging.bytes[i]});
   if (staging.buffer[i] != nullptr) {
-    // Its last transfer or copy must be done before the memory goes.
-    TANDEM_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(staging.free[i]), "cudaEventSynchronize (staging)"));
-    TANDEM_RETURN_IF_ERROR(CudaStatus(cudaFree(staging.buffer[i]), "cudaFree (staging)"));
+    // Kept until the communicator goes: cudaFree would wait for the whole
+    // device, NCCL transfers that wait for a peer included. The buffers
+    // retired this way add up to less than the last one.
+    retired_.push_back(staging.buffer[i]);
     staging.buffer[i] = nullptr;
     staging.bytes[i] = 0;
   }
-  // Grown by doubling, from 64 KiB, so a growing batch reallocates rarely.
-  const size_t grown = std::max({bytes, size_t{64} << 10, 2 * staging.bytes[i]});
   TANDEM_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&staging.buffer[i], grown), "cudaMalloc (staging)"));
   staging.bytes[i] = grown;
   return absl::OkStatus();

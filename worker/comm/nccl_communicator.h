@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -118,7 +119,7 @@ class NcclCommunicator : public Communicator {
     CUevent_st* free[2] = {nullptr, nullptr};  // the buffer's last use is done
     int next = 0;
   };
-  // Makes buffer `i` of `staging` hold `bytes`; waits for its last use first.
+  // Makes buffer `i` of `staging` hold `bytes` (an outgrown one is retired).
   absl::Status EnsureStaging(Staging& staging, int i, size_t bytes);
   absl::Status StagedSend(int32_t peer, const void* data, size_t bytes);
   absl::Status StagedRecv(int32_t peer, void* data, size_t bytes, absl::Duration timeout);
@@ -132,6 +133,7 @@ class NcclCommunicator : public Communicator {
   const Options options_;
   absl::Status failure_;  // the reason for the abort; OK while usable
   Staging send_, recv_;
+  std::vector<void*> retired_;  // staging buffers outgrown, freed with the communicator
   CUevent_st* ready_ = nullptr;  // recorded on one stream for the other to wait on
 };
 

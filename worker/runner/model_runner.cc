@@ -237,7 +237,19 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
     }
   }
   if (ids.empty()) return Mismatch("a step with no tokens");
-  if (first_stage() && needed_tokens > 0 && !last_stage()) TANDEM_RETURN_IF_ERROR(ReceiveTokensThrough(needed_tokens));
+  if (first_stage() && !last_stage()) {
+    // Also every message sent long ago, needed or not: over NCCL the last
+    // stage's send completes only once received, and its staging buffers are
+    // reused two messages later, so no message may wait for a step that never
+    // needs it (requests that end after one token). The scheduler issues step
+    // k once it has the results of step k - (P + 1) (its queue depth with P
+    // stages): those steps' ids were sent before, and receiving them does not
+    // wait for the last stage.
+    const uint64_t depth = static_cast<uint64_t>(token_communicator()->world_size()) + 1;
+    const uint64_t settled = step.step_seq() > depth ? step.step_seq() - depth : 0;
+    const uint64_t through = std::max(needed_tokens, settled);
+    if (through > 0) TANDEM_RETURN_IF_ERROR(ReceiveTokensThrough(through));
+  }
 
   auto upload = [&](std::unique_ptr<DeviceBuffer>& buffer, const auto& host) -> absl::Status {
     const size_t bytes = host.size() * sizeof(host[0]);

@@ -39,6 +39,12 @@ absl::Status BackendAvailable(const BackendChoice& choice);
 // index out of range). InvalidArgument for an unknown backend name.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice);
 
+// Makes the calling thread use the backend's device (a thread other than the
+// one that made the backend, like the worker's output thread, would
+// otherwise start a context on device 0 at its first CUDA call). No-op for
+// the CPU.
+absl::Status BindThreadToBackend(Backend& backend);
+
 // What the metrics and logs call the device: "cpu", "cuda:0".
 std::string DeviceName(const Backend& backend);
 

@@ -24,6 +24,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice
   return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
 }
 
+absl::Status BindThreadToBackend(Backend&) { return absl::OkStatus(); }
+
 std::string DeviceName(const Backend& backend) { return backend.name(); }
 
 absl::StatusOr<DeviceMemory> DeviceMemoryOf(Backend& backend) {

@@ -96,6 +96,11 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice
   return std::unique_ptr<Backend>(std::move(backend).value());
 }
 
+absl::Status BindThreadToBackend(Backend& backend) {
+  CudaBackend* cuda = AsCuda(backend);
+  return cuda == nullptr ? absl::OkStatus() : CudaStatus(cudaSetDevice(cuda->device()), "cudaSetDevice");
+}
+
 std::string DeviceName(const Backend& backend) {
   const CudaBackend* cuda = AsCuda(backend);
   return cuda == nullptr ? backend.name() : absl::StrCat("cuda:", cuda->device());

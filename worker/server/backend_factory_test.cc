@@ -17,6 +17,7 @@ TEST(BackendFactoryTest, TheCpuBackendAlways) {
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->name(), "cpu");
   EXPECT_EQ(DeviceName(**backend), "cpu");
+  EXPECT_TRUE(BindThreadToBackend(**backend).ok());
   EXPECT_EQ(DeviceMemoryOf(**backend).status().code(), absl::StatusCode::kUnimplemented);
   auto identity = NcclDeviceIdentity(**backend);
   ASSERT_TRUE(identity.ok());

@@ -290,6 +290,10 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
 }
 
 void WorkerServer::OutputLoop(SchedulerLink* link) {
+  // Waiting on the copies' events uses the device's context.
+  if (absl::Status s = BindThreadToBackend(*backend_); !s.ok()) {
+    std::fprintf(stderr, "tandem-worker %d: output thread: %s\n", options_.rank, std::string(s.message()).c_str());
+  }
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_output_ || !outbox_.empty(); };
   for (;;) {
     Outgoing item;
