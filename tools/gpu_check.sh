@@ -75,6 +75,7 @@ prepare() {
   # provided ones; copied as their soname, following links.
   local missing=""
   while read -r name path; do
+    name=$(basename "$name")
     is_provided "$name" && continue
     if [ -z "$path" ] || [ "$path" = "not" ]; then
       missing="$missing $name"
@@ -190,7 +191,8 @@ run() {
   step cuda_backend_test 150 "$OUT/tests.txt" "$bin/cuda_backend_test"
   step nccl_test 40 "$OUT/tests.txt" "$bin/nccl_test"
   step worker_server_test 40 "$OUT/tests.txt" "$bin/worker_server_test"
-  grep -E "^\[  (FAILED|SKIPPED) " "$OUT/tests.txt" | sort -u >>"$SUMMARY"
+  # Each test that failed or skipped, once (gtest lists them again at the end).
+  grep -E "^\[  (FAILED|SKIPPED) \] [A-Za-z]" "$OUT/tests.txt" | grep -v " ms)$" | sort -u >>"$SUMMARY"
 
   # The SmolLM2-shaped random model.
   local model=/tmp/tandem-smollm2-shaped.gguf
