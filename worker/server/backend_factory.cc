@@ -2,7 +2,10 @@
 // rest is in backend_factory_cuda.cc or backend_factory_cpu.cc.
 #include "worker/server/backend_factory.h"
 
+#include <set>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "worker/comm/staged_communicator.h"
 #include "worker/server/backend_factory_internal.h"
@@ -27,6 +30,29 @@ class HostTransport : public PipelineTransport {
 };
 
 }  // namespace
+
+absl::StatusOr<bool> ChooseNccl(const std::string& comm_flag, int32_t world_size,
+                                const std::vector<std::string>& device_ids, bool have_unique_ids) {
+  std::string why_not;
+  if (static_cast<int32_t>(device_ids.size()) != world_size) {
+    why_not = "the scheduler did not relay every rank's GPU";
+  } else {
+    std::set<std::string> seen;
+    for (int32_t r = 0; r < world_size && why_not.empty(); ++r) {
+      if (device_ids[r].empty()) {
+        why_not = absl::StrCat("rank ", r, " cannot use NCCL (a CPU worker, --comm tcp, or a build without NCCL)");
+      } else if (!seen.insert(device_ids[r]).second) {
+        why_not = absl::StrCat("two ranks share the GPU ", device_ids[r], ", which NCCL refuses");
+      }
+    }
+  }
+  if (why_not.empty() && !have_unique_ids) why_not = "rank 0 made no NCCL ids";
+  if (why_not.empty()) return true;
+  if (comm_flag == "nccl") {
+    return absl::FailedPreconditionError(absl::StrCat("--comm nccl: ", why_not, "; use --comm tcp"));
+  }
+  return false;
+}
 
 std::unique_ptr<PipelineTransport> OverHostCommunicator(Backend& backend, std::unique_ptr<Communicator> host) {
   if (!BackendMemoryIsDevice(backend)) return std::make_unique<HostTransport>(std::move(host), "host");

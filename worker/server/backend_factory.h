@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -77,6 +78,14 @@ class PipelineTransport {
   virtual Communicator* tokens() = 0;
   virtual std::string name() const = 0;  // "nccl", "tcp", "tcp+staging"
 };
+
+// Whether a pipeline group passes data over NCCL: every rank offered its
+// GPU's identity (NcclDeviceIdentity, relayed by the scheduler in rank
+// order), no two the same, and rank 0 made the ids. Every rank decides alike
+// from the same inputs. Otherwise false (TCP), or FailedPrecondition naming
+// why when `comm_flag` is "nccl".
+absl::StatusOr<bool> ChooseNccl(const std::string& comm_flag, int32_t world_size,
+                                const std::vector<std::string>& device_ids, bool have_unique_ids);
 
 // Joins the NCCL group of `world_size` ranks: two communicators from the two
 // ids of NewNcclUniqueIds(2) (the same bytes on every rank), each on its own

@@ -65,6 +65,25 @@ TEST(BackendFactoryTest, AHostTransportUsesOneCommunicatorBothWays) {
   EXPECT_EQ(transport->hidden()->rank(), 1);
 }
 
+TEST(BackendFactoryTest, NcclOnlyWhenEveryRankHasAGpuOfItsOwn) {
+  EXPECT_EQ(*ChooseNccl("auto", 2, {"h/0000:01:00.0", "h/0000:02:00.0"}, true), true);
+  EXPECT_EQ(*ChooseNccl("nccl", 2, {"h/0000:01:00.0", "g/0000:01:00.0"}, true), true);  // another host's bus 1
+  // PP on one GPU, a CPU rank, an older scheduler, no ids: TCP, or a refusal
+  // naming why under --comm nccl.
+  EXPECT_EQ(*ChooseNccl("auto", 2, {"h/0000:01:00.0", "h/0000:01:00.0"}, true), false);
+  EXPECT_EQ(*ChooseNccl("auto", 2, {"h/0000:01:00.0", ""}, true), false);
+  EXPECT_EQ(*ChooseNccl("auto", 2, {}, true), false);
+  EXPECT_EQ(*ChooseNccl("auto", 2, {"h/0000:01:00.0", "h/0000:02:00.0"}, false), false);
+  EXPECT_EQ(*ChooseNccl("tcp", 2, {"", ""}, false), false);
+  auto shared = ChooseNccl("nccl", 2, {"h/0000:01:00.0", "h/0000:01:00.0"}, true);
+  ASSERT_FALSE(shared.ok());
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(shared.status().message()),
+              HasSubstr("--comm nccl: two ranks share the GPU h/0000:01:00.0, which NCCL refuses; use --comm tcp"));
+  EXPECT_THAT(std::string(ChooseNccl("nccl", 2, {"h/0000:01:00.0", ""}, true).status().message()),
+              HasSubstr("rank 1 cannot use NCCL"));
+}
+
 TEST(BackendFactoryTest, NcclIdsExistExactlyWhenTheBuildHasNccl) {
   auto ids = NewNcclUniqueIds(2);
   if (!BuildHasNccl()) {

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <optional>
 #include <random>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -161,35 +160,12 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> WorkerServer::UseNccl(const v1::ConnectGroup& connect) const {
-  std::string why_not;
-  if (nccl_identity_.empty()) {
-    why_not = "this rank does not offer it";
-  } else if (connect.device_ids_size() != options_.world_size) {
-    why_not = "the scheduler did not relay every rank's GPU";
-  } else if (connect.nccl_unique_id().empty()) {
-    why_not = "rank 0 made no NCCL ids";
-  } else {
-    std::set<std::string> seen;
-    for (int r = 0; r < connect.device_ids_size() && why_not.empty(); ++r) {
-      const std::string& id = connect.device_ids(r);
-      if (id.empty()) {
-        why_not = absl::StrCat("rank ", r, " cannot use NCCL (a CPU worker, --comm tcp, or a build without NCCL)");
-      } else if (!seen.insert(id).second) {
-        why_not = absl::StrCat("two ranks share the GPU ", id, ", which NCCL refuses");
-      }
-    }
-  }
-  if (why_not.empty()) return true;
-  if (options_.comm == "nccl") {
-    return absl::FailedPreconditionError(absl::StrCat("--comm nccl: ", why_not, "; use --comm tcp"));
-  }
-  return false;
-}
-
 absl::Status WorkerServer::Connect(const v1::ConnectGroup& connect) {
   if (options_.world_size > 1) {
-    TANDEM_ASSIGN_OR_RETURN(bool nccl, UseNccl(connect));
+    TANDEM_ASSIGN_OR_RETURN(
+        bool nccl, ChooseNccl(options_.comm, options_.world_size,
+                              {connect.device_ids().begin(), connect.device_ids().end()},
+                              !connect.nccl_unique_id().empty()));
     if (nccl) {
       tcp_.reset();
       // NCCL's init waits for every rank and sets up its connections: more

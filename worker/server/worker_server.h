@@ -112,9 +112,6 @@ class WorkerServer {
   absl::Status SizeKvCache(const DeviceMemory* at_start);
   absl::Status Configure(const v1::ConfigureGroup& configure, SchedulerLink* link);
   absl::Status Connect(const v1::ConnectGroup& connect);
-  // Whether this group's stages pass data over NCCL: every rank gave a GPU
-  // identity, no two the same, and rank 0 made the ids. Otherwise why not.
-  absl::StatusOr<bool> UseNccl(const v1::ConnectGroup& connect) const;
   void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
   void ReportError(uint64_t step_seq, const absl::Status& status) ABSL_LOCKS_EXCLUDED(out_mu_);
   void Post(Outgoing outgoing) ABSL_LOCKS_EXCLUDED(out_mu_);
