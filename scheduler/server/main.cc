@@ -3,7 +3,7 @@
 // port), and runs the engine thread over the group of workers that register
 // with it.
 //
-//   tandem-scheduler --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 50051 --http-port 8000 \
+//   tandem-scheduler --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 50051 --http-port 8000
 //       --pipeline-parallel-size 2
 //
 // The model file gives the tokenizer and the model's limits; the scheduler

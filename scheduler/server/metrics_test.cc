@@ -54,7 +54,7 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   in.engine.prefix_cache_hits = 32;
   in.engine.stats.num_preemptions = 4;
   in.engine.stats.num_wasted_rows = 6;
-  in.workers = {{0, true, 2.0, 0.5, 10, "cuda", "cuda:0"}, {1, false, 1.0, 1.5, 9}};
+  in.workers = {{0, true, 2.0, 0.5, 10, "cuda", "cuda:0"}, {1, false, 1.0, 1.5, 9, "", ""}};
   const std::string text = metrics.Render(in);
   EXPECT_THAT(text, HasSubstr("tandem:num_requests_running{model_name=\"m\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("tandem:num_requests_waiting{model_name=\"m\"} 1\n"));

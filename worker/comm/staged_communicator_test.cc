@@ -59,7 +59,9 @@ class StagedCommunicatorTest : public ::testing::Test {
   std::unique_ptr<DeviceBuffer> Device(int32_t r, const std::vector<uint8_t>& bytes) {
     auto buffer = backends_[r].Allocate(std::max<size_t>(1, bytes.size()));
     EXPECT_TRUE(buffer.ok());
-    if (!bytes.empty()) EXPECT_TRUE(backends_[r].Upload(**buffer, 0, bytes.data(), bytes.size()).ok());
+    if (!bytes.empty()) {
+      EXPECT_TRUE(backends_[r].Upload(**buffer, 0, bytes.data(), bytes.size()).ok());
+    }
     return std::move(buffer).value();
   }
 
