@@ -29,6 +29,10 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 const std::string& HttpRequest::header(const std::string& name) const {
   static const std::string* const kEmpty = new std::string;
   auto it = headers.find(name);
@@ -80,7 +84,11 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, const HttpServerOptions* options, const Handler* handler,
           std::atomic<int>* active_responses)
-      : stream_(std::move(socket)), options_(options), handler_(handler), active_responses_(active_responses) {}
+      : stream_(std::move(socket)),
+        options_(options),
+        handler_(handler),
+        active_responses_(active_responses),
+        read_timer_(stream_.get_executor()) {}
   ~Session() { EndResponse(); }
 
   void Start() {
@@ -135,6 +143,8 @@ class Session : public std::enable_shared_from_this<Session> {
     EndResponse();
     if (closed_) return;
     closed_ = true;
+    awaiting_ = false;
+    read_timer_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -143,22 +153,69 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   bool Current(uint64_t generation) const { return generation == generation_ && handling_ && !gone_; }
 
+  // Reading, in two phases: the next request's first byte may take up to the
+  // idle timeout; from there the whole request must arrive within the
+  // request timeout. Both deadlines are read_timer_'s, not the stream's:
+  // Beast's own timeout closes the socket (no 408 could follow), and a
+  // deadline set while a read is pending does not apply to that read.
   void ReadRequest() {
     if (closed_) return;
+    if (buffer_.size() == 0) return AwaitRequest();
     parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(std::min<size_t>(options_->max_header_bytes, UINT32_MAX)));
     parser_->body_limit(options_->max_body_bytes);
-    stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options_->idle_timeout_seconds * 1000)));
+    stream_.expires_never();
+    request_timed_out_ = false;
+    ArmReadTimer(options_->request_timeout_seconds, [this] {
+      request_timed_out_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);  // the read ends with operation_aborted
+    });
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
   }
 
+  // Waits for a first byte with the idle timeout. The watch read, which
+  // may still be pending from the last response, brings it.
+  void AwaitRequest() {
+    awaiting_ = true;
+    Watch();
+    ArmReadTimer(options_->idle_timeout_seconds, [this] { Close(); });
+  }
+
+  // Runs `on_expiry` on the strand after `seconds`, unless the timer is
+  // re-armed or DisarmReadTimer runs first.
+  void ArmReadTimer(double seconds, std::function<void()> on_expiry) {
+    const uint64_t id = ++read_deadline_;
+    read_timer_.expires_after(Millis(seconds));
+    read_timer_.async_wait([self = shared_from_this(), id, on_expiry = std::move(on_expiry)](beast::error_code ec) {
+      // A handler already queued when the timer was re-armed is stale.
+      if (!ec && id == self->read_deadline_) on_expiry();
+    });
+  }
+  void DisarmReadTimer() {
+    ++read_deadline_;
+    read_timer_.cancel();
+  }
+
   void OnRequest(beast::error_code ec) {
+    DisarmReadTimer();
     if (ec == bhttp::error::body_limit) {
       RejectAndClose(413, absl::StrCat("the request body is larger than ", options_->max_body_bytes, " bytes"));
       return;
     }
-    if (ec == bhttp::error::end_of_stream || ec == net::error::operation_aborted || ec == beast::error::timeout ||
-        ec == net::error::eof || ec == net::error::connection_reset) {
+    if (ec == bhttp::error::header_limit) {
+      RejectAndClose(431, absl::StrCat("the request line and headers are larger than ", options_->max_header_bytes,
+                                       " bytes"));
+      return;
+    }
+    if (ec && request_timed_out_) {
+      RejectAndClose(408, absl::StrCat("the request did not arrive within ", options_->request_timeout_seconds,
+                                       " s of its first byte"));
+      return;
+    }
+    if (ec == bhttp::error::end_of_stream || ec == net::error::operation_aborted || ec == net::error::eof ||
+        ec == net::error::connection_reset) {
       Close();
       return;
     }
@@ -200,8 +257,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Answers a request that could not be parsed, then closes. The client may
-  // still be sending its body: it is read and dropped meanwhile, so the
-  // client sees the answer rather than a reset connection.
+  // still be sending its body: it is read and dropped meanwhile (for 5 s at
+  // most), so the client sees the answer rather than a reset connection.
   void RejectAndClose(int status, const std::string& message) {
     keep_alive_ = false;
     head_ = false;
@@ -217,10 +274,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // next request (pipelined, or sent as soon as it had our answer): they stay
   // in buffer_ for the next ReadRequest, and the watch ends there, since a
   // client that sends is still there (a later hang-up shows as a failed
-  // write).
+  // write). Bytes already buffered (pipelined with the last request) make a
+  // watch pointless: the next request is read from them once this one is
+  // answered.
   void Watch() {
-    if (watching_ || gone_ || closed_) return;
+    if (watching_ || gone_ || closed_ || buffer_.size() > 0) return;
     watching_ = true;
+    stream_.expires_never();  // the read direction only, when a write is pending
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->watching_ = false;
       if (ec) {
@@ -228,7 +288,11 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       self->buffer_.commit(n);
-      if (!self->handling_) self->ReadRequest();
+      if (self->awaiting_) {
+        self->awaiting_ = false;
+        self->DisarmReadTimer();
+        self->ReadRequest();
+      }
     });
   }
 
@@ -255,6 +319,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     writing_ = true;
+    // A client that stops reading is treated as gone once a write stalls.
+    stream_.expires_after(Millis(options_->write_timeout_seconds));
     // Everything queued goes out in one write.
     writing_bytes_.clear();
     for (std::string& piece : pending_) writing_bytes_ += piece;
@@ -285,11 +351,8 @@ class Session : public std::enable_shared_from_this<Session> {
       Drain();
     } else if (!keep_alive_ || gone_) {
       Close();
-    } else if (!watching_) {
-      ReadRequest();
     } else {
-      // The pending watch read goes on to the next request; bound its wait.
-      stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options_->idle_timeout_seconds * 1000)));
+      ReadRequest();
     }
   }
 
@@ -330,6 +393,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool gone_ = false;
   bool closed_ = false;
   bool drain_ = false;
+  bool awaiting_ = false;           // waiting for the first byte of a request
+  bool request_timed_out_ = false;  // the request timeout cut the read short
+  net::steady_timer read_timer_;    // the idle or the request deadline
+  uint64_t read_deadline_ = 0;      // which arming of read_timer_ is current
   std::function<void()> on_gone_;
   std::deque<std::string> pending_;
   std::string writing_bytes_;

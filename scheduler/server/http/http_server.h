@@ -10,7 +10,13 @@
 // runs (the frontend aborts the request and its KV blocks are freed).
 //
 // A whole response carries Content-Length; a stream (SSE) uses chunked
-// transfer encoding.
+// transfer encoding. Pipelined requests are answered in order.
+//
+// What a client may not do (HttpServerOptions has the limits): send a header
+// or a body over the limit (431, 413), send something that is not HTTP/1.1
+// (400), take longer than the request timeout over one request (408), stop
+// reading a response, or stay silent between requests beyond the idle
+// timeout; each answer is followed by closing that connection only.
 //
 // Beast is slow to compile; it stays out of this header.
 #ifndef TANDEM_SCHEDULER_SERVER_HTTP_HTTP_SERVER_H_
@@ -73,12 +79,21 @@ struct ErrorBody {
 };
 using ErrorBodyRenderer = std::function<ErrorBody(int status, const std::string& message)>;
 
+// Limits on what one client can hold: each bad case is answered with its
+// 4xx and the connection closed, and the server goes on serving the others.
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;          // 0: any free port
   int threads = 2;          // run every connection
-  size_t max_body_bytes = 8 << 20;  // a larger body is answered 413
-  double idle_timeout_seconds = 120;  // a connection silent between requests is closed
+  size_t max_body_bytes = 8 << 20;     // a larger body is answered 413
+  size_t max_header_bytes = 16 << 10;  // request line and header fields; more is answered 431
+  double idle_timeout_seconds = 120;   // a connection silent between requests is closed
+  // From a request's first byte to its last: a slower sender is answered 408
+  // and closed, so that it cannot hold a connection by trickling bytes.
+  double request_timeout_seconds = 30;
+  // One write the client does not take within this (it stopped reading)
+  // closes the connection, as a hang-up does.
+  double write_timeout_seconds = 60;
   ErrorBodyRenderer error_body;       // unset: the message as text/plain
 };
 

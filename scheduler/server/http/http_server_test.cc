@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <future>
 #include <mutex>
@@ -52,20 +54,47 @@ class Client {
     return out;
   }
   std::string ReadUntilClosed() { return Read(SIZE_MAX); }
+  int fd() const { return fd_; }
+  // Whether the server closed the connection (EOF or a reset) within 5 s,
+  // dropping whatever else arrives.
+  bool ClosedByServer() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;  // EAGAIN: 5 s passed
+    }
+  }
 
  private:
   int fd_ = -1;
 };
 
-std::unique_ptr<HttpServer> StartServer(Handler handler, size_t max_body = 1 << 20,
-                                        ErrorBodyRenderer error_body = nullptr) {
-  HttpServerOptions options;
+std::unique_ptr<HttpServer> StartServer(Handler handler, HttpServerOptions options) {
   options.port = 0;
-  options.max_body_bytes = max_body;
-  options.error_body = std::move(error_body);
   auto server = HttpServer::Start(options, std::move(handler));
   EXPECT_TRUE(server.ok()) << server.status();
   return std::move(server).value();
+}
+
+std::unique_ptr<HttpServer> StartServer(Handler handler, size_t max_body = 1 << 20,
+                                        ErrorBodyRenderer error_body = nullptr) {
+  HttpServerOptions options;
+  options.max_body_bytes = max_body;
+  options.error_body = std::move(error_body);
+  return StartServer(std::move(handler), std::move(options));
+}
+
+// Answers "ok" with the path, at once.
+void Echo(HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+  writer->Respond(200, "text/plain", "ok " + request.path);
+}
+
+// The server still answers a well-behaved client.
+void ExpectServing(const HttpServer& server) {
+  Client client(server.port());
+  client.Send("GET /fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(client.ReadUntilClosed(), EndsWith("\r\n\r\nok /fine"));
 }
 
 TEST(HttpServerTest, WholeResponsesOnAKeptAliveConnection) {
@@ -107,7 +136,7 @@ TEST(HttpServerTest, StreamsChunksByteForByte) {
 }
 
 TEST(HttpServerTest, OversizedBodyIs413AndMalformedIs400) {
-  int handled = 0;
+  std::atomic<int> handled = 0;
   // The application renders the server's own errors.
   auto server = StartServer(
       [&](HttpRequest, std::shared_ptr<ResponseWriter> writer) {
@@ -180,6 +209,166 @@ TEST(HttpServerTest, ManyConcurrentStreamsOnTwoThreads) {
   for (int i = 0; i < kClients; ++i) {
     EXPECT_THAT(clients[i]->ReadUntilClosed(), HasSubstr("data: /" + std::to_string(i) + "\n\n")) << i;
   }
+}
+
+// Request line and headers over max_header_bytes: 431, whether one long
+// field or many; a URL over the limit too.
+TEST(HttpServerTest, OversizedHeaderIs431) {
+  HttpServerOptions options;
+  options.max_header_bytes = 1024;
+  auto server = StartServer(Echo, options);
+  const std::vector<std::string> requests = {
+      "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(2000, 'a') + "\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: x\r\n" + [] {
+        std::string many;
+        for (int i = 0; i < 200; ++i) many += "X-" + std::to_string(i) + ": v\r\n";
+        return many;
+      }() + "\r\n",
+      "GET /" + std::string(2000, 'u') + " HTTP/1.1\r\nHost: x\r\n\r\n",
+  };
+  for (const std::string& request : requests) {
+    Client client(server->port());
+    client.Send(request);
+    const std::string reply = client.ReadUntilClosed();
+    EXPECT_THAT(reply, StartsWith("HTTP/1.1 431 Request Header Fields Too Large\r\n")) << request.substr(0, 40);
+    EXPECT_THAT(reply, EndsWith("the request line and headers are larger than 1024 bytes"));
+  }
+  // A header just under the limit is fine.
+  Client client(server->port());
+  client.Send("GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: " + std::string(900, 'a') + "\r\n\r\n");
+  EXPECT_THAT(client.ReadUntilClosed(), EndsWith("ok /ok"));
+}
+
+// Bytes that are not HTTP/1.1 get 400, and the connection is closed; the
+// server goes on.
+TEST(HttpServerTest, MalformedRequestsAre400) {
+  std::atomic<int> handled = 0;
+  auto server = StartServer([&](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+    ++handled;
+    Echo(std::move(request), std::move(writer));
+  });
+  const std::vector<std::string> requests = {
+      "\r\n\r\n\r\n",
+      std::string("GET / HTTP/1.1\r\nHost: x\0y\r\n\r\n", 28),
+      "GET / HTTP/9.9\r\nHost: x\r\n\r\n",
+      "GET  HTTP/1.1\r\nHost: x\r\n\r\n",
+      "GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef",
+      "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
+      "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  // a TLS ClientHello
+  };
+  for (const std::string& request : requests) {
+    Client client(server->port());
+    client.Send(request);
+    const std::string reply = client.ReadUntilClosed();
+    EXPECT_THAT(reply, StartsWith("HTTP/1.1 400 Bad Request\r\n")) << testing::PrintToString(request);
+    EXPECT_THAT(reply, HasSubstr("Connection: close\r\n"));
+  }
+  EXPECT_EQ(handled, 0);
+  ExpectServing(*server);
+}
+
+// Requests sent back to back without waiting are answered in order, also
+// when they arrive in one packet with the first.
+TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  auto server = StartServer([](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+    // Later answers would overtake earlier ones if the server let them.
+    std::thread([request = std::move(request), writer] {
+      if (request.path == "/1") std::this_thread::yield();
+      writer->Respond(200, "text/plain", request.path + ":" + request.body);
+    }).detach();
+  });
+  Client client(server->port());
+  client.Send(
+      "POST /1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+      "GET /2 HTTP/1.1\r\nHost: x\r\n\r\n"
+      "POST /3 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nc\r\n0\r\n\r\n"
+      "GET /4 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string reply = client.ReadUntilClosed();
+  const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: ";
+  EXPECT_EQ(reply, head + "4\r\n\r\n/1:a" + head + "3\r\n\r\n/2:" + head + "4\r\n\r\n/3:c" + head +
+                       "3\r\nConnection: close\r\n\r\n/4:");
+}
+
+// A client that starts a request and then trickles it (a byte every 50 ms,
+// never a silent gap) is answered 408 once the request timeout has passed
+// since its first byte, and closed; others are served meanwhile.
+TEST(HttpServerTest, ASlowSenderGets408AndIsClosed) {
+  HttpServerOptions options;
+  options.request_timeout_seconds = 0.5;
+  auto server = StartServer(Echo, options);
+  for (const std::string& start : {std::string("GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "),
+                                   std::string("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")}) {
+    Client slow(server->port());
+    const auto began = std::chrono::steady_clock::now();
+    slow.Send(start);
+    std::atomic<bool> stop = false;
+    std::thread trickle([&] {
+      // The scenario itself: bytes spaced in time. Send fails once closed.
+      while (!stop && send(slow.fd(), "a", 1, MSG_NOSIGNAL) == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    ExpectServing(*server);
+    const std::string reply = slow.ReadUntilClosed();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    stop = true;
+    trickle.join();
+    EXPECT_THAT(reply, StartsWith("HTTP/1.1 408 Request Timeout\r\n")) << start;
+    EXPECT_THAT(reply, HasSubstr("Connection: close\r\n"));
+    EXPECT_GE(seconds, 0.5);
+    EXPECT_LT(seconds, 4.0);
+  }
+  ExpectServing(*server);
+}
+
+// The idle timeout holds between requests on a kept-alive connection too,
+// after a response (when the read that watched for a hang-up is still
+// pending), not only before the first request.
+TEST(HttpServerTest, AnIdleConnectionIsClosedAfterAResponse) {
+  HttpServerOptions options;
+  options.idle_timeout_seconds = 0.3;
+  auto server = StartServer(Echo, options);
+  {
+    Client silent(server->port());
+    EXPECT_TRUE(silent.ClosedByServer());
+  }
+  Client client(server->port());
+  client.Send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(client.Read(60), EndsWith("ok /a"));
+  client.Send("GET /b HTTP/1.1\r\nHost: x\r\n\r\n");  // kept alive
+  EXPECT_THAT(client.Read(60), EndsWith("ok /b"));
+  EXPECT_TRUE(client.ClosedByServer());
+}
+
+// A client that stops reading a stream is dropped once a write stalls for
+// the write timeout: its OnClientGone runs (the frontend then aborts the
+// request) rather than the response waiting forever.
+TEST(HttpServerTest, AClientThatStopsReadingIsDropped) {
+  HttpServerOptions options;
+  options.write_timeout_seconds = 0.5;
+  std::promise<void> gone;
+  std::shared_ptr<ResponseWriter> kept;
+  std::mutex mu;
+  auto server = StartServer(
+      [&](HttpRequest, std::shared_ptr<ResponseWriter> writer) {
+        writer->OnClientGone([&gone] { gone.set_value(); });
+        writer->StartStream(200, "text/event-stream");
+        // Far more than the socket buffers hold.
+        for (int i = 0; i < 64; ++i) writer->Write(std::string(1 << 20, 'x'));
+        std::lock_guard<std::mutex> lock(mu);
+        kept = writer;
+      },
+      options);
+  Client client(server->port());
+  client.Send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(gone.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::lock_guard<std::mutex> lock(mu);
+  kept.reset();
 }
 
 }  // namespace
