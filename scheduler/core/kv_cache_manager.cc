@@ -61,7 +61,6 @@ bool KvCacheManager::AllocateSlotsSlow(Request& request, int32_t num_new_tokens,
   }
   const int32_t fresh = BlocksFor(slots) - static_cast<int32_t>(request.blocks.size());
   if (fresh > 0) pool_.AllocateBlocks(fresh, &request.blocks);
-  CacheBlocks(request, std::min(total_computed + num_new_tokens, request.num_tokens()));
   return true;
 }
 

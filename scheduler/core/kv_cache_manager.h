@@ -44,19 +44,31 @@ class KvCacheManager {
   // request's whole current sequence (admission). With `apply_watermark`,
   // keeps the watermark free. Returns false, changing nothing, if the pool
   // cannot do it. On success registers committed full blocks that the step
-  // will have computed (up to min(C + hit + new, N)) in the prefix cache.
+  // will have computed (up to min(C + hit + new, N)) in the prefix cache, so
+  // only for a plan that nothing can undo: an admission.
   bool AllocateSlots(Request& request, int32_t num_new_tokens,
                      absl::Span<const BlockId> hit_blocks, bool full_sequence_must_fit,
                      bool apply_watermark) {
-    // Inline fast path, most decode steps: the tokens fit in blocks the
-    // request owns, and at most the committed frontier moves.
-    const int32_t end = request.num_computed_tokens + num_new_tokens;
-    if (hit_blocks.empty() && !full_sequence_must_fit &&
-        BlocksFor(std::min(end, max_model_len_)) <= static_cast<int32_t>(request.blocks.size())) {
-      CacheBlocks(request, std::min(end, request.num_tokens()));
-      return true;
+    const int32_t computed = request.num_computed_tokens + static_cast<int32_t>(hit_blocks.size()) * block_size_;
+    if (!AllocateSlotsSlow(request, num_new_tokens, hit_blocks, full_sequence_must_fit, apply_watermark)) {
+      return false;
     }
-    return AllocateSlotsSlow(request, num_new_tokens, hit_blocks, full_sequence_must_fit, apply_watermark);
+    CacheBlocks(request, std::min(computed + num_new_tokens, request.num_tokens()));
+    return true;
+  }
+
+  // The running pass's allocation: room for `num_new_tokens` after C, with
+  // no prefix hit, watermark or whole-sequence check. Returns false, changing
+  // nothing, if the pool cannot do it. Registers nothing: the priority policy
+  // may still undo this plan in the same step (a later request takes it as
+  // its victim), and a hash must never name KV that no step computes. The
+  // caller registers with CacheBlocks once the step's plan is final.
+  bool ReserveSlots(Request& request, int32_t num_new_tokens) {
+    // Inline fast path, most decode steps: the tokens fit in owned blocks.
+    const int32_t end = request.num_computed_tokens + num_new_tokens;
+    if (BlocksFor(std::min(end, max_model_len_)) <= static_cast<int32_t>(request.blocks.size())) return true;
+    return AllocateSlotsSlow(request, num_new_tokens, {}, /*full_sequence_must_fit=*/false,
+                             /*apply_watermark=*/false);
   }
 
   // Registers the request's full blocks up to `num_tokens` (<= N) tokens.

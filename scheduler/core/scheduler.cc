@@ -34,6 +34,13 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec) const {
     return absl::AlreadyExistsError(absl::StrCat("request id ", spec.id, " is already in use"));
   }
   if (spec.prompt_token_ids.empty()) return absl::InvalidArgumentError("prompt is empty");
+  // vLLM's rule: a priority means something only to the priority policy, and
+  // a client that sends one to an FCFS server is told so rather than ignored.
+  if (spec.priority != 0 && config_.policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "got priority ", spec.priority,
+        " but priority scheduling is not enabled (start the server with --scheduling-policy=priority)"));
+  }
   if (s.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", s.max_tokens));
   }

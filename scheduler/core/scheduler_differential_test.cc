@@ -92,7 +92,8 @@ Workload MakeWorkload(uint32_t seed) {
     s.eos_token_id = kEos;
     s.ignore_eos = uniform(0, 4) == 0;
     for (int k = uniform(0, 2); k > 0; --k) s.stop_token_ids.push_back(uniform(1, kVocab - 1));
-    a.spec.priority = uniform(0, 3);
+    const int32_t priority = uniform(0, 3);  // drawn always, so a seed's other draws stay put
+    if (c.policy == SchedulingPolicy::kPriority) a.spec.priority = priority;
     w.arrivals.push_back(std::move(a));
     if (uniform(0, 5) == 0) w.aborts[uniform(0, 60)].push_back(100 + i);
   }

@@ -96,7 +96,7 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     }
     const int32_t first_new_block = static_cast<int32_t>(r->blocks.size());
     bool allocated = true;
-    while (!kv_.AllocateSlots(*r, n, {}, /*full_sequence_must_fit=*/false, /*apply_watermark=*/false)) {
+    while (!kv_.ReserveSlots(*r, n)) {
       *pool_exhausted = true;
       // Blocks freed earlier are still fenced by steps in flight and come
       // back without preempting anyone else; preempting now would cascade.
@@ -117,6 +117,14 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     planned->push_back({r, n, Planned::Kind::kRunning, first_new_block});
     *token_budget -= n;
     ++i;
+  }
+  // Only now is every running plan final (a later request may have taken an
+  // earlier-planned one as its priority victim): register the full blocks
+  // this step computes, so that a request admitted later in this same step
+  // can still hit them (vLLM does the same).
+  for (const Planned& p : *planned) {
+    Request* r = p.request;
+    kv_.CacheBlocks(*r, std::min(r->num_computed_tokens + p.num_tokens, r->num_tokens()));
   }
 }
 

@@ -113,6 +113,19 @@ TEST(SchedulerTest, PriorityPolicyAdmitsMostImportantFirst) {
   EXPECT_THAT(Rows(scheduler->Schedule()), ElementsAre(Row{1, 10}));
 }
 
+// vLLM's rule: under FCFS a priority would be silently meaningless, so a
+// non-zero one is refused (the HTTP API answers 400); 0 is the default.
+TEST(SchedulerTest, FcfsRefusesANonZeroPriority) {
+  auto scheduler = MakeScheduler(VllmTestConfig(false));
+  RequestSpec prioritized = MakeRequest(0);
+  prioritized.priority = -1;
+  const absl::Status status = scheduler->AddRequest(std::move(prioritized));
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("--scheduling-policy=priority"));
+  EXPECT_EQ(scheduler->num_requests(), 0u);
+  EXPECT_TRUE(scheduler->AddRequest(MakeRequest(1)).ok());
+}
+
 // FCFS preempts the most recently admitted request; it goes back to the front
 // of the queue and, when resumed, recomputes its prompt and outputs.
 TEST(SchedulerTest, FcfsPreemptsTheNewestAndResumesWithItsTokens) {

@@ -17,6 +17,9 @@ void SchedulerFlags::Register(FlagParser* flags) {
   flags->AddInt("block-size", &block_size, "tokens per KV block (a power of two; workers use the same)", 1, 1024);
   flags->AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
   flags->AddBool("enable-prefix-caching", &enable_prefix_caching, "reuse KV blocks of shared prefixes");
+  flags->AddString("scheduling-policy", &scheduling_policy,
+                   "fcfs (first come, first served) or priority (requests' 'priority' field, lower first, "
+                   "then arrival; the least important running request is preempted first)");
   flags->AddDouble("step-timeout", &step_timeout, "seconds to wait for a step's result before failing it");
   flags->AddString("trace-steps", &trace_steps, "write every step and result to this file as JSON lines");
   flags->AddString("api-key", &api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
@@ -30,6 +33,10 @@ void SchedulerFlags::Register(FlagParser* flags) {
 absl::Status SchedulerFlags::Validate() const {
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
+  if (scheduling_policy != "fcfs" && scheduling_policy != "priority") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --scheduling-policy must be fcfs or priority, got '", scheduling_policy, "'"));
+  }
   // Everything but the pool size can be checked now: give it room for any
   // request, and a stand-in context when the model's is not known yet.
   EngineConfig probe = ToEngineConfig();
@@ -56,6 +63,7 @@ EngineConfig SchedulerFlags::ToEngineConfig() const {
   config.max_num_batched_tokens = static_cast<int32_t>(max_num_batched_tokens);
   config.max_model_len = static_cast<int32_t>(max_model_len);
   config.enable_prefix_caching = enable_prefix_caching;
+  config.policy = scheduling_policy == "priority" ? SchedulingPolicy::kPriority : SchedulingPolicy::kFcfs;
   config.async_scheduling = async_scheduling;
   config.pipeline_parallel_size = static_cast<int32_t>(pipeline_parallel_size);
   return config;
@@ -73,6 +81,7 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
       flag("block-size", block_size),
       flag("async-scheduling", boolean(async_scheduling)),
       flag("enable-prefix-caching", boolean(enable_prefix_caching)),
+      flag("scheduling-policy", scheduling_policy),
       flag("step-timeout", step_timeout),
       flag("http-threads", http_threads),
       flag("shutdown-grace", shutdown_grace),

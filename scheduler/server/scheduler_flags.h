@@ -28,6 +28,7 @@ struct SchedulerFlags {
   int64_t block_size = 16;
   bool async_scheduling = true;
   bool enable_prefix_caching = true;
+  std::string scheduling_policy = "fcfs";  // or "priority" (vLLM's --scheduling-policy)
   double step_timeout = 30;  // seconds
   std::string trace_steps;   // empty: no trace
   std::string api_key;       // empty: none

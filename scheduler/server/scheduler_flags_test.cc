@@ -19,7 +19,7 @@ absl::StatusOr<SchedulerFlags> Parse(const std::vector<std::string>& args) {
 TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   auto f = Parse({"--model", "/m/x.gguf", "--pipeline-parallel-size=3", "--max-num-seqs", "7",
                   "--max-num-batched-tokens=99", "--max-model-len=300", "--block-size=32", "--no-async-scheduling",
-                  "--no-enable-prefix-caching", "--step-timeout=2.5", "--trace-steps=/t.jsonl", "--api-key=k",
+                  "--no-enable-prefix-caching", "--scheduling-policy=priority", "--step-timeout=2.5", "--trace-steps=/t.jsonl", "--api-key=k",
                   "--served-model-name=n", "--http-threads=3", "--shutdown-grace=0"});
   ASSERT_TRUE(f.ok()) << f.status();
   auto again = Parse(f->ToArgs());
@@ -32,6 +32,8 @@ TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   EXPECT_EQ(again->block_size, 32);
   EXPECT_FALSE(again->async_scheduling);
   EXPECT_FALSE(again->enable_prefix_caching);
+  EXPECT_EQ(again->scheduling_policy, "priority");
+  EXPECT_EQ(again->ToEngineConfig().policy, SchedulingPolicy::kPriority);
   EXPECT_DOUBLE_EQ(again->step_timeout, 2.5);
   EXPECT_EQ(again->trace_steps, "/t.jsonl");
   EXPECT_EQ(again->api_key, "k");
@@ -50,6 +52,7 @@ TEST(SchedulerFlagsTest, DefaultsGiveTheDefaultEngine) {
   EXPECT_EQ(config.max_num_batched_tokens, 2048);
   EXPECT_TRUE(config.async_scheduling);
   EXPECT_TRUE(config.enable_prefix_caching);
+  EXPECT_EQ(config.policy, SchedulingPolicy::kFcfs);
   EXPECT_EQ(config.EffectiveQueueDepth(), 2);
 }
 
@@ -63,6 +66,7 @@ TEST(SchedulerFlagsTest, ValidateNamesTheFlag) {
       {{"--step-timeout=0"}, "flag --step-timeout must be positive"},
       {{"--step-timeout=nan"}, "flag --step-timeout must be positive"},
       {{"--shutdown-grace=-1"}, "flag --shutdown-grace must not be negative"},
+      {{"--scheduling-policy=lifo"}, "flag --scheduling-policy must be fcfs or priority, got 'lifo'"},
   };
   for (const Case& c : cases) {
     auto f = Parse(c.args);

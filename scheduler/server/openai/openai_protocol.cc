@@ -250,6 +250,7 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   f.Number("repetition_penalty", &r.sampling.repetition_penalty, 0, 2, /*open_lo=*/true);
   int64_t seed = 0;
   if (f.Integer("seed", &seed, INT64_MIN, INT64_MAX)) r.sampling.seed = static_cast<uint64_t>(seed);
+  f.Integer("priority", &r.priority, INT32_MIN, INT32_MAX);
 
   if (chat) {
     bool logprobs = false;

@@ -60,6 +60,9 @@ struct GenerationRequest {
   // Logprobs: -1 none; k >= 0 the sampled token's plus the top k.
   int32_t logprobs = -1;
   scheduler::SamplingParams sampling;       // everything but max_tokens and EOS
+  // vLLM's extension: lower is scheduled first. The engine refuses a non-zero
+  // value unless it runs the priority policy (--scheduling-policy=priority).
+  int32_t priority = 0;
   std::string user;
 };
 

@@ -146,6 +146,19 @@ TEST(OpenAiProtocolTest, BadInputIsNamed) {
   EXPECT_THAT(ParseError(Endpoint::kCompletions, "").message, HasSubstr("not valid JSON"));
 }
 
+// vLLM's `priority`: any integer, 0 when absent, on both endpoints. Whether
+// a non-zero value is allowed is the engine's call (its scheduling policy).
+TEST(OpenAiProtocolTest, PriorityIsAnIntegerDefaultingToZero) {
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x"})").priority, 0);
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "priority": -3})").priority, -3);
+  EXPECT_EQ(ParseOk(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}],
+                                                    "priority": 7})").priority,
+            7);
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": "high"})").param, "priority");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": 1.5})").param, "priority");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": 4294967296})").param, "priority");
+}
+
 TEST(OpenAiProtocolTest, ErrorObjectHasOpenAisShape) {
   const nlohmann::json json = nlohmann::json::parse(BadRequest("bad \"top_p\"", "top_p").ToJson());
   EXPECT_EQ(json["error"]["message"], "bad \"top_p\"");
