@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 #include "scheduler/server/openai/json_util.h"
 
 namespace tandem::openai {
@@ -173,6 +174,31 @@ void ParseStop(const Json* v, Fields* f, std::vector<std::string>* stop) {
   }
 }
 
+// Whether `body` nests arrays and objects deeper than `limit`, counting
+// brackets outside strings. Linear and recursion-free; on text that is not
+// JSON the answer does not matter (the parser refuses it anyway).
+bool NestsDeeperThan(std::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, a quote perhaps
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -190,6 +216,11 @@ std::string ApiError::ToJson() const {
 }
 
 std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoint, std::string_view body) {
+  // JSON is UTF-8 (RFC 8259); saying so beats the parser's generic refusal.
+  if (!tokenizer_internal::IsValidUtf8(body)) return BadRequest("the request body is not valid UTF-8");
+  if (NestsDeeperThan(body, kMaxJsonDepth)) {
+    return BadRequest(absl::StrCat("the request body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
+  }
   const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!json.is_object()) return BadRequest("the request body must be a JSON object");
@@ -209,6 +240,11 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   }
 
   f.Integer("n", &r.n, 1, kMaxChoices);
+  if (r.prompts.size() * static_cast<size_t>(r.n) > static_cast<size_t>(kMaxSequences)) {
+    f.Fail(absl::StrCat("n times the number of prompts must be at most ", kMaxSequences, "; got ", r.n, " x ",
+                        r.prompts.size()),
+           "n");
+  }
   f.Bool("stream", &r.stream);
   if (const Json* options = f.Get("stream_options")) {
     if (!options->is_object()) {

@@ -75,6 +75,10 @@ inline constexpr int32_t kMaxChoices = 128;
 inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr int32_t kMaxStopStrings = 16;
 inline constexpr int32_t kMaxPrompts = 256;
+inline constexpr int32_t kMaxSequences = 256;  // n times the number of prompts
+// Arrays and objects nested deeper are refused before parsing: nlohmann's
+// parser is iterative, but copying, comparing and printing a value recurse.
+inline constexpr int32_t kMaxJsonDepth = 64;
 
 }  // namespace tandem::openai
 

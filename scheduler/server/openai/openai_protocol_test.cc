@@ -1,5 +1,6 @@
 #include "scheduler/server/openai/openai_protocol.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -166,6 +167,60 @@ TEST(OpenAiProtocolTest, ErrorObjectHasOpenAisShape) {
   EXPECT_EQ(json["error"]["param"], "top_p");
   EXPECT_EQ(json["error"]["code"], 400);
   EXPECT_TRUE(nlohmann::json::parse(BadRequest("x").ToJson())["error"]["param"].is_null());
+}
+
+// Hostile bodies get a 400 naming the problem, fast, and never reach code
+// that recurses over the value.
+TEST(OpenAiProtocolTest, HostileBodiesAreRefused) {
+  auto nested = [](int depth) {
+    return R"({"prompt": "x", "some_future_field": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, nested(kMaxJsonDepth - 1)).prompts.size(), 1u);
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, nested(kMaxJsonDepth)).message, HasSubstr("deeper than 64"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, std::string(8 << 20, '[')).message, HasSubstr("deeper"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, std::string(4 << 20, '{') + std::string(4 << 20, '}')).message,
+              HasSubstr("deeper"));
+  // Brackets inside strings do not count, escaped quotes included.
+  const std::string in_strings = R"({"prompt": ")" + std::string(1000, '[') + R"(\"[[[", "stop": ["{{{{"]})";
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, in_strings).prompts[0].text, std::string(1000, '[') + "\"[[[");
+
+  // Invalid UTF-8 in a prompt, a stop string, a message or a key; an
+  // overlong encoding; a lone surrogate, raw or escaped.
+  for (const std::string& body : {std::string("{\"prompt\": \"a\xff\"}"), std::string("{\"prompt\": \"\xc3\"}"),
+                                  std::string("{\"prompt\": \"x\", \"stop\": [\"\xe2\x82\"]}"),
+                                  std::string("{\"prompt\": \"\xc0\xaf\"}"), std::string("{\"\xfe\": 1, \"prompt\": \"x\"}"),
+                                  std::string("{\"prompt\": \"\xed\xa0\x80\"}")}) {
+    EXPECT_THAT(ParseError(Endpoint::kCompletions, body).message, HasSubstr("not valid UTF-8")) << body;
+  }
+  EXPECT_THAT(ParseError(Endpoint::kChatCompletions, "{\"messages\": [{\"role\": \"user\", \"content\": \"\x80\"}]}")
+                  .message,
+              HasSubstr("not valid UTF-8"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, R"({"prompt": "\ud800"})").message, HasSubstr("not valid JSON"));
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "stop": "\udc00"})").message,
+              HasSubstr("not valid JSON"));
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "\ud83d\ude00 \u0000"})").prompts[0].text,
+            std::string("\xf0\x9f\x98\x80 \0", 6));
+
+  // Huge counts: n alone, n times the prompts, logprobs, max_tokens.
+  std::string prompts = R"({"n": 2, "prompt": [)";
+  for (int i = 0; i < kMaxPrompts; ++i) prompts += std::string(i ? "," : "") + "\"p\"";
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, prompts + "]}").param, "n");
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"n": 128, "prompt": ["a", "b"]})").n, 128);
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"n": 129, "prompt": "x"})").param, "n");
+  for (const char* value : {"18446744073709551616", "18446744073709551615", "-9223372036854775809", "1e300",
+                            "2147483648", "16777217", "0", "1.0", "true", "[1]"}) {
+    EXPECT_EQ(ParseError(Endpoint::kCompletions, absl::StrCat(R"({"prompt": "x", "max_tokens": )", value, "}")).param,
+              "max_tokens")
+        << value;
+  }
+  // A number no double holds is not JSON to the parser.
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 1e400})").message,
+              HasSubstr("not valid JSON"));
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "logprobs": 21})").param, "logprobs");
+  EXPECT_EQ(ParseError(Endpoint::kChatCompletions,
+                       R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1e9})")
+                .param,
+            "top_logprobs");
 }
 
 }  // namespace
