@@ -113,6 +113,7 @@ absl::StatusOr<HttpApi> StartHttpApi(const SchedulerFlags& f, const ListenFlags&
   http_options.host = listen.http_host;
   http_options.port = static_cast<int>(listen.http_port);
   http_options.threads = static_cast<int>(f.http_threads);
+  http_options.request_timeout_seconds = f.http_request_timeout;
   http_options.error_body = &openai::OpenAiFrontend::ErrorBodyOf;
   openai::OpenAiFrontend* frontend = api.frontend.get();
   auto server = http::HttpServer::Start(

@@ -25,6 +25,9 @@ void SchedulerFlags::Register(FlagParser* flags) {
   flags->AddString("api-key", &api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
   flags->AddString("served-model-name", &served_model_name, "the model's name in the API (default: the file's name)");
   flags->AddInt("http-threads", &http_threads, "threads that serve every HTTP connection", 1, 256);
+  flags->AddDouble("http-request-timeout", &http_request_timeout,
+                   "seconds a client may take to send one HTTP request from its first byte (a slower one gets "
+                   "408 and is disconnected)");
   flags->AddDouble("shutdown-grace", &shutdown_grace,
                    "on SIGTERM or Ctrl-C, seconds to let requests in flight finish while refusing new ones "
                    "(0: stop at once; a second signal ends the wait)");
@@ -33,6 +36,7 @@ void SchedulerFlags::Register(FlagParser* flags) {
 absl::Status SchedulerFlags::Validate() const {
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
+  if (!(http_request_timeout > 0)) return absl::InvalidArgumentError("flag --http-request-timeout must be positive");
   if (scheduling_policy != "fcfs" && scheduling_policy != "priority") {
     return absl::InvalidArgumentError(
         absl::StrCat("flag --scheduling-policy must be fcfs or priority, got '", scheduling_policy, "'"));
@@ -84,6 +88,7 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
       flag("scheduling-policy", scheduling_policy),
       flag("step-timeout", step_timeout),
       flag("http-threads", http_threads),
+      flag("http-request-timeout", http_request_timeout),
       flag("shutdown-grace", shutdown_grace),
   };
   // Empty means unset for these.

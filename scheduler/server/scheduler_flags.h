@@ -34,6 +34,7 @@ struct SchedulerFlags {
   std::string api_key;       // empty: none
   std::string served_model_name;  // empty: the model file's name
   int64_t http_threads = 2;
+  double http_request_timeout = 30;  // seconds from a request's first byte to its last
   double shutdown_grace = 30;  // seconds
 
   // Registers every flag above; the current values are the defaults shown.

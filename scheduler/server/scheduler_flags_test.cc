@@ -20,7 +20,7 @@ TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   auto f = Parse({"--model", "/m/x.gguf", "--pipeline-parallel-size=3", "--max-num-seqs", "7",
                   "--max-num-batched-tokens=99", "--max-model-len=300", "--block-size=32", "--no-async-scheduling",
                   "--no-enable-prefix-caching", "--scheduling-policy=priority", "--step-timeout=2.5", "--trace-steps=/t.jsonl", "--api-key=k",
-                  "--served-model-name=n", "--http-threads=3", "--shutdown-grace=0"});
+                  "--served-model-name=n", "--http-threads=3", "--http-request-timeout=1.5", "--shutdown-grace=0"});
   ASSERT_TRUE(f.ok()) << f.status();
   auto again = Parse(f->ToArgs());
   ASSERT_TRUE(again.ok()) << again.status();
@@ -39,6 +39,7 @@ TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   EXPECT_EQ(again->api_key, "k");
   EXPECT_EQ(again->served_model_name, "n");
   EXPECT_EQ(again->http_threads, 3);
+  EXPECT_DOUBLE_EQ(again->http_request_timeout, 1.5);
   EXPECT_DOUBLE_EQ(again->shutdown_grace, 0);
   EXPECT_EQ(again->ToArgs(), f->ToArgs());
 }
@@ -66,6 +67,7 @@ TEST(SchedulerFlagsTest, ValidateNamesTheFlag) {
       {{"--step-timeout=0"}, "flag --step-timeout must be positive"},
       {{"--step-timeout=nan"}, "flag --step-timeout must be positive"},
       {{"--shutdown-grace=-1"}, "flag --shutdown-grace must not be negative"},
+      {{"--http-request-timeout=0"}, "flag --http-request-timeout must be positive"},
       {{"--scheduling-policy=lifo"}, "flag --scheduling-policy must be fcfs or priority, got 'lifo'"},
   };
   for (const Case& c : cases) {
