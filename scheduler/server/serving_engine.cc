@@ -9,11 +9,12 @@
 namespace tandem::scheduler {
 
 ServingEngine::ServingEngine(EngineConfig config, ExecutorGroup* group, std::vector<StepObserver*> observers,
-                             int32_t model_context_length)
+                             int32_t model_context_length, ServingOptions options)
     : config_template_(config),
       group_(group),
       observers_(std::move(observers)),
-      model_context_length_(model_context_length) {}
+      model_context_length_(model_context_length),
+      options_(std::move(options)) {}
 
 ServingEngine::~ServingEngine() { Stop(); }
 
@@ -27,28 +28,50 @@ void ServingEngine::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-// Writers only change state under mu_: the engine thread's Await in Run
-// re-evaluates its condition whenever mu_ is released, so no notify is needed.
-void ServingEngine::Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink) {
-  absl::MutexLock lock(&mu_);
-  spec.id = next_id_++;
-  if (!external_id.empty()) {
-    if (!live_external_.emplace(external_id, spec.id).second) {
-      RequestOutput out;
-      out.id = spec.id;
-      out.finish_reason = FinishReason::kError;
-      out.error = absl::AlreadyExistsError(absl::StrCat("request id '", external_id, "' is already in use"));
-      sink->OnOutput(out);
-      return;
-    }
-  }
-  submissions_.push_back({std::move(external_id), std::move(spec), std::move(sink), std::chrono::steady_clock::now()});
+std::chrono::steady_clock::time_point ServingEngine::Now() const {
+  return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
 }
 
-bool ServingEngine::Abort(const std::string& external_id) {
+// Writers only change state under mu_: the engine thread's Await in Run
+// re-evaluates its condition whenever mu_ is released, so no notify is needed.
+RequestId ServingEngine::Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink) {
   absl::MutexLock lock(&mu_);
-  if (!live_external_.contains(external_id)) return false;
-  aborts_.push_back(external_id);
+  const RequestId id = next_id_++;
+  spec.id = id;
+  absl::Status refused;
+  if (!external_id.empty() && live_external_.contains(external_id)) {
+    refused = absl::AlreadyExistsError(absl::StrCat("request id '", external_id, "' is already in use"));
+  } else if (options_.max_queued_requests > 0 && num_queued_ >= options_.max_queued_requests) {
+    refused = absl::ResourceExhaustedError(absl::StrCat("the server already has ", num_queued_,
+                                                        " requests queued (--max-queued-requests); retry later"));
+  }
+  if (!refused.ok()) {
+    RequestOutput out;
+    out.id = id;
+    out.finish_reason = FinishReason::kError;
+    out.error = std::move(refused);
+    sink->OnOutput(out);
+    return id;
+  }
+  if (!external_id.empty()) live_external_.emplace(external_id, id);
+  live_.emplace(id, std::move(external_id));
+  ++num_queued_;
+  submissions_.push_back({std::move(spec), std::move(sink), Now()});
+  return id;
+}
+
+bool ServingEngine::Abort(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  if (!live_.contains(id)) return false;
+  aborts_.push_back(id);
+  return true;
+}
+
+bool ServingEngine::AbortByName(const std::string& external_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_external_.find(external_id);
+  if (it == live_external_.end()) return false;
+  aborts_.push_back(it->second);  // resolved now: the name may be reused before the engine sees this
   return true;
 }
 
@@ -116,37 +139,48 @@ absl::Status ServingEngine::EnsureScheduler() {
 
 void ServingEngine::QueueTimer::OnScheduled(const EngineCore& engine, const SchedulerOutput& step) {
   if (step.new_requests.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = engine_->Now();
   for (const NewRequestData& request : step.new_requests) {
     auto it = engine_->arrival_.find(request.id);
     if (it == engine_->arrival_.end()) continue;  // resumed after a preemption: counted once
     if (engine_->listener_ != nullptr) {
       engine_->listener_->OnFirstScheduled(std::chrono::duration<double>(now - it->second).count());
     }
-    engine_->arrival_.erase(it);
+    engine_->Dequeued(request.id);
   }
 }
 
+void ServingEngine::Dequeued(RequestId id) {
+  if (arrival_.erase(id) == 0) return;
+  absl::MutexLock lock(&mu_);
+  --num_queued_;
+}
+
+void ServingEngine::Forget(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  if (!it->second.empty()) live_external_.erase(it->second);
+  live_.erase(it);
+}
+
 void ServingEngine::FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status) {
-  arrival_.erase(id);
+  Dequeued(id);
+  // Forgotten before the client hears of the end, so that it may reuse the name at once.
+  Forget(id);
   RequestOutput out;
   out.id = id;
   out.finish_reason = FinishReason::kError;
   out.error = status;
   sink->OnOutput(out);
-  absl::MutexLock lock(&mu_);
-  if (auto it = external_of_.find(id); it != external_of_.end()) live_external_.erase(it->second);
-  external_of_.erase(id);
 }
 
 void ServingEngine::Admit(Submission submission) {
   const RequestId id = submission.spec.id;
-  if (!submission.external_id.empty()) external_of_[id] = submission.external_id;
   if (absl::Status s = scheduler_->AddRequest(std::move(submission.spec)); !s.ok()) {
     FailWith(id, submission.sink, s);
     return;
   }
-  arrival_[id] = submission.arrival;
   sinks_[id] = std::move(submission.sink);
 }
 
@@ -154,15 +188,15 @@ void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
   for (const RequestOutput& out : outputs) {
     auto it = sinks_.find(out.id);
     if (it == sinks_.end()) continue;
-    it->second->OnOutput(out);
-    if (!out.finished()) continue;
-    sinks_.erase(it);
-    arrival_.erase(out.id);
-    absl::MutexLock lock(&mu_);
-    if (auto e = external_of_.find(out.id); e != external_of_.end()) {
-      live_external_.erase(e->second);
-      external_of_.erase(e);
+    if (!out.finished()) {
+      it->second->OnOutput(out);
+      continue;
     }
+    const std::shared_ptr<RequestSink> sink = std::move(it->second);
+    sinks_.erase(it);
+    Dequeued(out.id);
+    Forget(out.id);
+    sink->OnOutput(out);
   }
 }
 
@@ -176,16 +210,76 @@ void ServingEngine::HandleFailure(const absl::Status& status) {
   group_->Reset();
 }
 
+void ServingEngine::ApplyAborts(const std::vector<RequestId>& ids) {
+  std::vector<RequestOutput> outputs;
+  for (RequestId id : ids) {
+    auto queued = std::find_if(waiting_for_group_.begin(), waiting_for_group_.end(),
+                               [id](const Submission& s) { return s.spec.id == id; });
+    if (queued != waiting_for_group_.end()) {  // never admitted: answered here
+      const std::shared_ptr<RequestSink> sink = std::move(queued->sink);
+      waiting_for_group_.erase(queued);
+      Dequeued(id);
+      Forget(id);
+      RequestOutput out;
+      out.id = id;
+      out.finish_reason = FinishReason::kAbort;
+      sink->OnOutput(out);
+    } else if (engine_ != nullptr && sinks_.contains(id)) {
+      // With no step in flight nothing can still write its blocks: apply it
+      // now, so that a request queued while the group is down leaves at once.
+      // Otherwise the engine applies it right before its next update.
+      if (engine_->in_flight().empty()) {
+        scheduler_->AbortRequests({id}, &outputs);
+      } else {
+        engine_->Abort(id);
+      }
+    }
+  }
+  Dispatch(outputs);
+}
+
+void ServingEngine::ExpireQueued() {
+  if (options_.queue_timeout_seconds <= 0 || arrival_.empty() || group_->ready()) return;
+  const auto cutoff = Now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(options_.queue_timeout_seconds));
+  const absl::Status status = absl::UnavailableError(
+      absl::StrCat("no worker group was ready within the queue timeout (--queue-timeout ",
+                   options_.queue_timeout_seconds, " s); retry later"));
+  std::vector<Submission> still_waiting;
+  for (Submission& sub : waiting_for_group_) {
+    if (sub.arrival <= cutoff) {
+      FailWith(sub.spec.id, sub.sink, status);
+    } else {
+      still_waiting.push_back(std::move(sub));
+    }
+  }
+  waiting_for_group_.swap(still_waiting);
+  // Admitted before the group broke, never scheduled: they hold no blocks.
+  std::vector<RequestId> expired;
+  for (const auto& [id, arrival] : arrival_) {
+    if (arrival <= cutoff && sinks_.contains(id)) expired.push_back(id);
+  }
+  if (expired.empty()) return;
+  std::vector<RequestOutput> outputs;
+  scheduler_->AbortRequests(expired, &outputs);
+  for (RequestOutput& out : outputs) {
+    out.finish_reason = FinishReason::kError;
+    out.error = status;
+  }
+  Dispatch(outputs);
+}
+
 void ServingEngine::Run() {
   for (;;) {
     std::vector<Submission> submissions;
-    std::vector<std::string> aborts;
+    std::vector<RequestId> aborts;
     {
       absl::MutexLock lock(&mu_);
       const bool busy = engine_ != nullptr && engine_->HasWork() && group_->ready();
       if (!busy) {
         // Idle, or waiting for the group: sleep until there is news. The
-        // timeout covers a readiness change that raced with this check.
+        // timeout covers a readiness change that raced with this check, and
+        // the queue timeout.
         auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || woken_ || !submissions_.empty() || !aborts_.empty();
         };
@@ -196,7 +290,10 @@ void ServingEngine::Run() {
       submissions.swap(submissions_);
       aborts.swap(aborts_);
     }
-    for (Submission& s : submissions) waiting_for_group_.push_back(std::move(s));
+    for (Submission& s : submissions) {
+      arrival_[s.spec.id] = s.arrival;
+      waiting_for_group_.push_back(std::move(s));
+    }
     // A group that broke between steps (a worker lost while the engine was
     // idle or dispatching) is failed here; otherwise its started requests
     // would wait for a group that cannot re-form until it is reset.
@@ -210,31 +307,8 @@ void ServingEngine::Run() {
         waiting_for_group_.clear();
       }
     }
-    for (const std::string& external : aborts) {
-      RequestId id = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = live_external_.find(external);
-        if (it == live_external_.end()) continue;
-        id = it->second;
-      }
-      // Not yet admitted: answer it here; otherwise the engine applies it
-      // right before its next update.
-      auto queued = std::find_if(waiting_for_group_.begin(), waiting_for_group_.end(),
-                                 [id](const Submission& s) { return s.spec.id == id; });
-      if (queued != waiting_for_group_.end()) {
-        RequestOutput out;
-        out.id = id;
-        out.finish_reason = FinishReason::kAbort;
-        queued->sink->OnOutput(out);
-        waiting_for_group_.erase(queued);
-        absl::MutexLock lock(&mu_);
-        live_external_.erase(external);
-        external_of_.erase(id);
-      } else if (engine_ != nullptr) {
-        engine_->Abort(id);
-      }
-    }
+    ApplyAborts(aborts);
+    ExpireQueued();
     if (engine_ != nullptr && group_->ready() && engine_->HasWork()) {
       const double scheduler_before = engine_->scheduler_seconds();
       absl::StatusOr<EngineStepResult> result = engine_->Step();

@@ -8,7 +8,14 @@
 // fail. Requests wait (queued) until the group is ready; the KV pool is sized
 // from what the group reports. When a step fails (a worker died or stopped
 // answering), every request that was running fails with that error, the
-// waiting ones stay, and the group re-forms.
+// waiting ones stay, and the group re-forms. The wait is bounded
+// (ServingOptions): a request still queued `queue_timeout` after it arrived
+// while the group is not ready fails with UNAVAILABLE, and a Submit past
+// `max_queued_requests` queued requests fails at once with RESOURCE_EXHAUSTED.
+//
+// Aborts name the request by the id Submit returned, resolved when the abort
+// is made: a late cancel of a finished request can never reach a newer
+// request that reuses its client's name.
 //
 // Thread-safe: Submit, Abort, Wake and Snapshot from any thread; the rest
 // runs on the engine thread, started by Start and joined by Stop.
@@ -16,6 +23,7 @@
 #define TANDEM_SCHEDULER_SERVER_SERVING_ENGINE_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,13 +72,26 @@ struct ServingSnapshot {
   double scheduler_seconds = 0;      // time in Schedule and UpdateFromOutput
 };
 
+// Bounds on the queue of requests not yet scheduled.
+struct ServingOptions {
+  // Seconds a request may wait for a worker group that is not ready before it
+  // fails (UNAVAILABLE); 0: no bound. Checked while the group is not ready:
+  // a request queued behind others on a ready group is not timed out.
+  double queue_timeout_seconds = 60;
+  // Requests submitted and not yet scheduled at most; past it Submit fails
+  // the request at once (RESOURCE_EXHAUSTED). 0: no limit.
+  int64_t max_queued_requests = 0;
+  // The engine's clock (tests: a fake one). Default: steady_clock::now.
+  std::function<std::chrono::steady_clock::time_point()> clock;
+};
+
 class ServingEngine {
  public:
   // `config` is the engine's, except num_kv_blocks (taken from the group)
   // and, when it is 0, max_model_len (the model's context length, capped by
   // what the pool holds). `group` and the observers must outlive the engine.
   ServingEngine(EngineConfig config, ExecutorGroup* group, std::vector<StepObserver*> observers = {},
-                int32_t model_context_length = 0);
+                int32_t model_context_length = 0, ServingOptions options = {});
   // Optional; set before Start. Must outlive the engine.
   void set_listener(ServingListener* listener) { listener_ = listener; }
   ~ServingEngine();
@@ -78,20 +99,25 @@ class ServingEngine {
   void Start();
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Queues a request. The id in `spec` is assigned here; `external_id`
-  // (unique among live requests, may be empty) is the client's name for it.
-  // Bad requests are answered through the sink with an error.
-  void Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink)
+  // Queues a request and returns the id assigned to it (in `spec`), the one
+  // to abort it by. `external_id` (unique among live requests, may be empty)
+  // is the client's name for it. A request that cannot be queued (a name in
+  // use, the queue full) is answered through the sink with an error before
+  // this returns; bad requests are answered through the sink later.
+  RequestId Submit(std::string external_id, RequestSpec spec, std::shared_ptr<RequestSink> sink)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Aborts a live request by its client's name; false if there is none.
-  bool Abort(const std::string& external_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts request `id` if it is still live; false otherwise.
+  bool Abort(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts the live request that the client named `external_id` now (the
+  // Generate API's Abort); false if there is none. A stream that cancels its
+  // own request uses Abort(id): the name may since belong to another.
+  bool AbortByName(const std::string& external_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The group's readiness may have changed.
   void Wake() ABSL_LOCKS_EXCLUDED(mu_);
   ServingSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Submission {
-    std::string external_id;
     RequestSpec spec;
     std::shared_ptr<RequestSink> sink;
     std::chrono::steady_clock::time_point arrival;
@@ -112,22 +138,40 @@ class ServingEngine {
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureScheduler() ABSL_LOCKS_EXCLUDED(mu_);
   void Admit(Submission submission) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyAborts(const std::vector<RequestId>& ids) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails the requests that waited longer than queue_timeout for a group
+  // that is still not ready.
+  void ExpireQueued() ABSL_LOCKS_EXCLUDED(mu_);
   void Dispatch(const std::vector<RequestOutput>& outputs) ABSL_LOCKS_EXCLUDED(mu_);
   void HandleFailure(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a request the scheduler does not hold (never admitted, or refused).
   void FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Bookkeeping of a request that has left the queue (first scheduled, or
+  // ended before that): it no longer counts against max_queued_requests.
+  void Dequeued(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A request has ended: it is no longer live, and neither is its name.
+  void Forget(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  std::chrono::steady_clock::time_point Now() const;
   void PublishSnapshot() ABSL_LOCKS_EXCLUDED(mu_);
 
   const EngineConfig config_template_;
   ExecutorGroup* const group_;
   const std::vector<StepObserver*> observers_;
   const int32_t model_context_length_;
+  const ServingOptions options_;
 
   // Inbox, shared with frontend threads.
   mutable absl::Mutex mu_;
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
+  std::vector<RequestId> aborts_ ABSL_GUARDED_BY(mu_);
+  // Every request submitted and not yet ended, with its client's name (may
+  // be empty), and the names in use.
+  absl::flat_hash_map<RequestId, std::string> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, RequestId> live_external_ ABSL_GUARDED_BY(mu_);
+  // Live requests not yet scheduled (in the inbox, waiting for the group,
+  // or queued in the scheduler): the engine thread's arrival_ plus the inbox.
+  int64_t num_queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   ServingSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
@@ -136,12 +180,12 @@ class ServingEngine {
   // Engine thread only.
   ServingListener* listener_ = nullptr;
   QueueTimer queue_timer_{this};
-  absl::flat_hash_map<RequestId, std::chrono::steady_clock::time_point> arrival_;  // until first scheduled
+  // Every request taken from the inbox and not yet scheduled: queued.
+  absl::flat_hash_map<RequestId, std::chrono::steady_clock::time_point> arrival_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<EngineCore> engine_;
   std::vector<Submission> waiting_for_group_;
-  absl::flat_hash_map<RequestId, std::shared_ptr<RequestSink>> sinks_;
-  absl::flat_hash_map<RequestId, std::string> external_of_;
+  absl::flat_hash_map<RequestId, std::shared_ptr<RequestSink>> sinks_;  // admitted requests
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 #include "scheduler/server/grpc/grpc_generate_service.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 
@@ -40,7 +41,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void Start(std::shared_ptr<StreamSink> sink, RequestSpec spec, int32_t num_prompt_tokens) {
     sink_ = sink;
     num_prompt_tokens_ = num_prompt_tokens;
-    engine_->Submit(external_id_, std::move(spec), std::move(sink));
+    request_id_ = engine_->Submit(external_id_, std::move(spec), std::move(sink));
   }
 
   // From the sink (engine thread): queue one response; `final` ends the stream.
@@ -70,7 +71,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     WriteNextLocked();
   }
 
-  void OnCancel() override { engine_->Abort(external_id_); }
+  // By the engine's id, not the client's name: a cancel that arrives after
+  // the request ended must not abort a new request that reuses the name.
+  void OnCancel() override { engine_->Abort(request_id_); }
 
   void OnDone() override {
     sink_->Detach();
@@ -95,6 +98,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   ServingEngine* const engine_;
   const std::string external_id_;
+  std::atomic<RequestId> request_id_{0};  // set by Start, before gRPC can call OnCancel
   std::shared_ptr<StreamSink> sink_;
   int32_t num_prompt_tokens_ = 0;
   absl::Mutex mu_;
@@ -162,7 +166,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcGenerateService::Generate(gr
 
 grpc::ServerUnaryReactor* GrpcGenerateService::Abort(grpc::CallbackServerContext* context,
                                                      const v1::AbortRequest* request, v1::AbortResponse* response) {
-  response->set_found(engine_->Abort(request->request_id()));
+  response->set_found(engine_->AbortByName(request->request_id()));
   return new ImmediateReactor(grpc::Status::OK);
 }
 

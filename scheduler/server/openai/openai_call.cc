@@ -28,6 +28,10 @@ ApiError ToApiError(const absl::Status& status) {
     case absl::StatusCode::kAlreadyExists:
       e.status = 409;
       break;
+    case absl::StatusCode::kResourceExhausted:  // the queue is full (--max-queued-requests)
+      e.status = 429;
+      e.type = "rate_limit_exceeded";
+      break;
     case absl::StatusCode::kUnavailable:
       e.status = 503;
       e.type = "server_error";
@@ -42,6 +46,15 @@ ApiError ToApiError(const absl::Status& status) {
   }
   if (e.message.empty()) e.message = status.ToString();
   return e;
+}
+
+// Retry-After on the answers that say "later" (RFC 9110 §10.2.3): a full
+// queue drains within about a second; a group that is not ready (a worker
+// restarting) takes longer.
+http::HeaderList RetryAfter(int status) {
+  if (status == 429) return {{"Retry-After", "1"}};
+  if (status == 503) return {{"Retry-After", "5"}};
+  return {};
 }
 
 std::string Event(const Json& json) { return absl::StrCat("data: ", DumpJson(json), "\n\n"); }
@@ -108,7 +121,6 @@ void OpenAiCall::Start() {
     scheduler::RequestSpec spec;
     spec.prompt_token_ids = prompt;
     spec.sampling = request_.sampling;
-    spec.priority = request_.priority;
     const int32_t room = setup_.max_model_len > 0 ? setup_.max_model_len - static_cast<int32_t>(prompt.size()) : 1 << 20;
     // OpenAI's defaults: 16 tokens for a completion, the rest of the context for a chat turn.
     spec.sampling.max_tokens = request_.max_tokens.value_or(chat() ? room : std::min(16, room));
@@ -116,7 +128,9 @@ void OpenAiCall::Start() {
     if (tokenizer_->eos_token_id() >= 0) spec.sampling.eos_token_id = tokenizer_->eos_token_id();
     // Choices with one seed would all be the same; each gets its own.
     if (spec.sampling.seed) *spec.sampling.seed += i % request_.n;
-    engine_->Submit(choices_[i].engine_id, std::move(spec), std::make_shared<ChoiceSink>(shared_from_this(), i));
+    // Outputs are posted to this strand, so none is handled before this returns.
+    choices_[i].request_id =
+        engine_->Submit(choices_[i].engine_id, std::move(spec), std::make_shared<ChoiceSink>(shared_from_this(), i));
   }
 }
 
@@ -127,7 +141,7 @@ void OpenAiCall::Deliver(size_t index, const RequestOutput& output) {
 void OpenAiCall::OnClientGone() {
   client_gone_ = true;
   for (const Choice& c : choices_) {
-    if (!c.finished) engine_->Abort(c.engine_id);
+    if (!c.finished) engine_->Abort(c.request_id);
   }
 }
 
@@ -192,7 +206,7 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
   std::string reason;
   if (delta.stopped) {
     // The stop string ends the request now: free its blocks at once.
-    engine_->Abort(choice.engine_id);
+    engine_->Abort(choice.request_id);
     reason = "stop";
     choice.stop_reason = delta.stop;
   } else if (output.finished()) {
@@ -284,7 +298,7 @@ void OpenAiCall::Complete() {
   }
   if (error_) {
     metrics_->OnHttpResponse(error_->status);
-    writer_->Respond(error_->status, "application/json", error_->ToJson());
+    writer_->Respond(error_->status, "application/json", error_->ToJson(), RetryAfter(error_->status));
     return;
   }
   Json choices = Json::array();

@@ -53,6 +53,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
  private:
   struct Choice {
     std::string engine_id;  // the engine's external id
+    RequestId request_id = 0;  // the engine's id, to abort it by
     size_t prompt = 0;      // index into prompts_
     std::optional<TextStream> text;
     nlohmann::json logprobs;  // accumulated for a whole response
