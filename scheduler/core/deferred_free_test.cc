@@ -395,5 +395,68 @@ TEST_F(DeferredFreeTest, NoPreemptionCascadeOnDeferredVictim) {
   EXPECT_EQ(FreeBlocks(), initial_free_);
 }
 
+// Issue 11, defect 3: a request that cannot get a block while fenced blocks
+// are on their way back is skipped alone; the requests after it that need no
+// new block still run. Blocks of 4, 3 usable: requests 0 (4 tokens), 1 (2)
+// and 2 (4) take one each; 2 is aborted, so its block is fenced by step 1.
+// Step 2: request 0's first decode needs a second block, request 1's fits.
+TEST_F(DeferredFreeTest, ARequestWaitingForFencedBlocksSkipsOnlyItself) {
+  EngineConfig config = VllmTestConfig();
+  config.block_size = 4;
+  config.num_kv_blocks = 4;
+  config.max_model_len = 12;
+  Start(config);
+  Add(0, 8, 4);
+  Add(1, 8, 2);
+  Add(2, 8, 4);
+  Schedule();
+  ASSERT_EQ(FreeBlocks(), 0);
+  Abort(2);
+  ASSERT_EQ(Deferred().size(), 1u);
+
+  const SchedulerOutput s2 = Schedule();
+  EXPECT_EQ(ScheduledTokens(s2, 0), 0);  // waits for the fenced block
+  EXPECT_EQ(ScheduledTokens(s2, 1), 1);  // needs none: not held up
+  EXPECT_EQ(scheduler_->stats().num_preemptions, 0);
+
+  UpdateOldest();  // step 1 done: the fenced block comes back
+  EXPECT_EQ(FreeBlocks(), 1);
+  const SchedulerOutput s3 = Schedule();
+  EXPECT_EQ(ScheduledTokens(s3, 0), 1);
+  EXPECT_EQ(FreeBlocks(), 0);
+}
+
+// ...but a request later in admission order must not take a block that the
+// skipped one needed: FCFS preempts the newest admission, so the running
+// order is the order of claims on the pool. Blocks of 4, 6 usable: request 0
+// (16 tokens, chunks of 8) holds 2, requests 1 (4 tokens), 2 (2) and 3 (4)
+// one each; 3 is aborted (fenced). Step 2: request 0's next chunk needs 2
+// blocks and 1 is free; request 1's first decode needs 1, request 2's none.
+TEST_F(DeferredFreeTest, LaterRequestsTakeNoBlockThatASkippedOneNeeded) {
+  EngineConfig config = VllmTestConfig();
+  config.block_size = 4;
+  config.num_kv_blocks = 7;
+  config.max_model_len = 24;
+  config.long_prefill_token_threshold = 8;
+  Start(config);
+  Add(0, 8, 16);
+  Add(1, 8, 4);
+  Add(2, 8, 2);
+  Add(3, 8, 4);
+  Schedule();
+  ASSERT_EQ(FreeBlocks(), 1);
+  Abort(3);
+
+  const SchedulerOutput s2 = Schedule();
+  EXPECT_EQ(ScheduledTokens(s2, 0), 0);
+  EXPECT_EQ(ScheduledTokens(s2, 1), 0);  // the free block is request 0's claim
+  EXPECT_EQ(ScheduledTokens(s2, 2), 1);
+  EXPECT_EQ(FreeBlocks(), 1);
+
+  UpdateOldest();
+  const SchedulerOutput s3 = Schedule();
+  EXPECT_EQ(ScheduledTokens(s3, 0), 8);  // both blocks, first in line
+}
+
 }  // namespace
 }  // namespace tandem::scheduler

@@ -65,10 +65,15 @@ class KvCacheManager {
   // caller registers with CacheBlocks once the step's plan is final.
   bool ReserveSlots(Request& request, int32_t num_new_tokens) {
     // Inline fast path, most decode steps: the tokens fit in owned blocks.
-    const int32_t end = request.num_computed_tokens + num_new_tokens;
-    if (BlocksFor(std::min(end, max_model_len_)) <= static_cast<int32_t>(request.blocks.size())) return true;
+    if (FitsOwnedBlocks(request, num_new_tokens)) return true;
     return AllocateSlotsSlow(request, num_new_tokens, {}, /*full_sequence_must_fit=*/false,
                              /*apply_watermark=*/false);
+  }
+
+  // Whether `num_new_tokens` after C fit in the blocks the request owns.
+  bool FitsOwnedBlocks(const Request& request, int32_t num_new_tokens) const {
+    const int32_t end = std::min(request.num_computed_tokens + num_new_tokens, max_model_len_);
+    return BlocksFor(end) <= static_cast<int32_t>(request.blocks.size());
   }
 
   // Registers the request's full blocks up to `num_tokens` (<= N) tokens.

@@ -131,8 +131,13 @@ class Scheduler {
 
   absl::Status ValidateRequest(const RequestSpec& spec) const;
   // Pass 1: running requests; sets *pool_exhausted if one could not get the
-  // blocks it needed (and preempted, or waits for fenced blocks).
+  // blocks it needed (it preempted in vain, or waits for fenced blocks).
   void ScheduleRunning(int32_t* token_budget, std::vector<Planned>* planned, bool* pool_exhausted);
+  // Reserves the slots for `n` tokens of `r` (at *index in running_),
+  // preempting victims while that frees blocks now. False if `r` is left
+  // without them (it may have been its own victim).
+  bool AllocateOrPreempt(Request* r, int32_t n, size_t* index, int32_t* token_budget,
+                         std::vector<Planned>* planned);
   void ScheduleWaiting(int32_t* token_budget, std::vector<Planned>* planned);
   // Picks and preempts a victim so that `current` (at *index in running_)
   // may allocate; FCFS takes the newest admission, priority the least

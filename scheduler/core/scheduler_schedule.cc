@@ -75,6 +75,20 @@ int32_t Scheduler::CapTokens(const Request& request, int32_t gap, int32_t token_
 
 void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* planned,
                                 bool* pool_exhausted) {
+  // Set once a request is left without the blocks it needs. From then on the
+  // requests after it run only within blocks they already own (issue 11,
+  // defect 3: it used to end the pass, skipping requests that need nothing).
+  // Why not let a later request take a free block: FCFS preempts the newest
+  // admission, so running_ order is the order of claims on the pool. A block
+  // that an earlier request needed (it needs more than is free, or what would
+  // refill the pool is fenced) must not go to a later one: the earlier request
+  // would wait again next step while the later one holds it, and the
+  // preemption that feeds the earlier one would then take the later one first
+  // and throw its work away. A request that needs no new block takes nothing
+  // that anyone is owed, and preempts no one (only the first request left
+  // without blocks preempts). Under the priority policy this is conservative:
+  // a more important later request waits one step for a block.
+  bool blocks_denied = false;
   size_t i = 0;
   while (i < running_.size() && *token_budget > 0) {
     // Requests are scattered on the heap: fetch a few ahead.
@@ -95,25 +109,14 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
       continue;
     }
     const int32_t first_new_block = static_cast<int32_t>(r->blocks.size());
-    bool allocated = true;
-    while (!kv_.ReserveSlots(*r, n)) {
-      *pool_exhausted = true;
-      // Blocks freed earlier are still fenced by steps in flight and come
-      // back without preempting anyone else; preempting now would cascade.
-      if (!deferred_frees_.empty()) {
-        allocated = false;
-        break;
-      }
-      const Request* victim = nullptr;
-      const bool freed_now = PreemptOne(r, &i, token_budget, planned, &victim);
-      // A victim whose blocks wait behind a fence frees nothing now: retrying
-      // would preempt the whole batch for nothing (vLLM issue 49674).
-      if (victim == r || !freed_now) {
-        allocated = false;
-        break;
-      }
+    const bool allocated =
+        blocks_denied ? kv_.FitsOwnedBlocks(*r, n) : AllocateOrPreempt(r, n, &i, token_budget, planned);
+    if (!allocated) {
+      *pool_exhausted = blocks_denied = true;
+      // Skip it alone; it is still at running_[i] unless it was its own victim.
+      if (i < running_.size() && running_[i] == r) ++i;
+      continue;
     }
-    if (!allocated) break;  // the pool is exhausted for this step
     planned->push_back({r, n, Planned::Kind::kRunning, first_new_block});
     *token_budget -= n;
     ++i;
@@ -126,6 +129,21 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     Request* r = p.request;
     kv_.CacheBlocks(*r, std::min(r->num_computed_tokens + p.num_tokens, r->num_tokens()));
   }
+}
+
+bool Scheduler::AllocateOrPreempt(Request* r, int32_t n, size_t* index, int32_t* token_budget,
+                                  std::vector<Planned>* planned) {
+  while (!kv_.ReserveSlots(*r, n)) {
+    // Blocks freed earlier are still fenced by steps in flight and come
+    // back without preempting anyone else; preempting now would cascade.
+    if (!deferred_frees_.empty()) return false;
+    const Request* victim = nullptr;
+    const bool freed_now = PreemptOne(r, index, token_budget, planned, &victim);
+    // A victim whose blocks wait behind a fence frees nothing now: retrying
+    // would preempt the whole batch for nothing (vLLM issue 49674).
+    if (victim == r || !freed_now) return false;
+  }
+  return true;
 }
 
 bool Scheduler::PreemptOne(Request* current, size_t* index, int32_t* token_budget,
