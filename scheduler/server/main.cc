@@ -200,7 +200,10 @@ int Main(int argc, char** argv) {
   };
   WorkerGroup group(group_options);
   ServingMetrics metrics;
-  engine = std::make_unique<ServingEngine>(config, &group, observers, model->config.context_length);
+  ServingOptions serving;
+  serving.queue_timeout_seconds = f.queue_timeout;
+  serving.max_queued_requests = f.max_queued_requests;
+  engine = std::make_unique<ServingEngine>(config, &group, observers, model->config.context_length, serving);
   engine->set_listener(&metrics);
   auto grpc_server =
       SchedulerServer::Start(listen.host, static_cast<int>(listen.port), &group, engine.get(), model->tokenizer.get());

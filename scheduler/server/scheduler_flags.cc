@@ -21,6 +21,11 @@ void SchedulerFlags::Register(FlagParser* flags) {
                    "fcfs (first come, first served) or priority (requests' 'priority' field, lower first, "
                    "then arrival; the least important running request is preempted first)");
   flags->AddDouble("step-timeout", &step_timeout, "seconds to wait for a step's result before failing it");
+  flags->AddDouble("queue-timeout", &queue_timeout,
+                   "while the worker group is not ready, seconds a request may wait before it fails with 503 "
+                   "(0: no bound)");
+  flags->AddInt("max-queued-requests", &max_queued_requests,
+                "requests waiting to be scheduled at most; more get 429 at once (0: no limit)", 0, int64_t{1} << 30);
   flags->AddString("trace-steps", &trace_steps, "write every step and result to this file as JSON lines");
   flags->AddString("api-key", &api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
   flags->AddString("served-model-name", &served_model_name, "the model's name in the API (default: the file's name)");
@@ -36,6 +41,7 @@ void SchedulerFlags::Register(FlagParser* flags) {
 absl::Status SchedulerFlags::Validate() const {
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
+  if (!(queue_timeout >= 0)) return absl::InvalidArgumentError("flag --queue-timeout must not be negative");
   if (!(http_request_timeout > 0)) return absl::InvalidArgumentError("flag --http-request-timeout must be positive");
   if (scheduling_policy != "fcfs" && scheduling_policy != "priority") {
     return absl::InvalidArgumentError(
@@ -88,6 +94,8 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
       flag("scheduling-policy", scheduling_policy),
       flag("step-timeout", step_timeout),
       flag("http-threads", http_threads),
+      flag("queue-timeout", queue_timeout),
+      flag("max-queued-requests", max_queued_requests),
       flag("http-request-timeout", http_request_timeout),
       flag("shutdown-grace", shutdown_grace),
   };

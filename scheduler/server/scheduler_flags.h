@@ -30,6 +30,11 @@ struct SchedulerFlags {
   bool enable_prefix_caching = true;
   std::string scheduling_policy = "fcfs";  // or "priority" (vLLM's --scheduling-policy)
   double step_timeout = 30;  // seconds
+  // While the worker group is not ready, seconds a request may wait before it
+  // fails (503); 0: no bound. Requests past max_queued_requests (not yet
+  // scheduled) fail at once (429); 0: no limit. SGLang's --max-queued-requests.
+  double queue_timeout = 60;
+  int64_t max_queued_requests = 4096;
   std::string trace_steps;   // empty: no trace
   std::string api_key;       // empty: none
   std::string served_model_name;  // empty: the model file's name

@@ -19,7 +19,7 @@ absl::StatusOr<SchedulerFlags> Parse(const std::vector<std::string>& args) {
 TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   auto f = Parse({"--model", "/m/x.gguf", "--pipeline-parallel-size=3", "--max-num-seqs", "7",
                   "--max-num-batched-tokens=99", "--max-model-len=300", "--block-size=32", "--no-async-scheduling",
-                  "--no-enable-prefix-caching", "--scheduling-policy=priority", "--step-timeout=2.5", "--trace-steps=/t.jsonl", "--api-key=k",
+                  "--no-enable-prefix-caching", "--scheduling-policy=priority", "--step-timeout=2.5", "--queue-timeout=7.5", "--max-queued-requests=9", "--trace-steps=/t.jsonl", "--api-key=k",
                   "--served-model-name=n", "--http-threads=3", "--http-request-timeout=1.5", "--shutdown-grace=0"});
   ASSERT_TRUE(f.ok()) << f.status();
   auto again = Parse(f->ToArgs());
@@ -35,6 +35,8 @@ TEST(SchedulerFlagsTest, ArgsRoundTripThroughTheParser) {
   EXPECT_EQ(again->scheduling_policy, "priority");
   EXPECT_EQ(again->ToEngineConfig().policy, SchedulingPolicy::kPriority);
   EXPECT_DOUBLE_EQ(again->step_timeout, 2.5);
+  EXPECT_DOUBLE_EQ(again->queue_timeout, 7.5);
+  EXPECT_EQ(again->max_queued_requests, 9);
   EXPECT_EQ(again->trace_steps, "/t.jsonl");
   EXPECT_EQ(again->api_key, "k");
   EXPECT_EQ(again->served_model_name, "n");
@@ -67,6 +69,7 @@ TEST(SchedulerFlagsTest, ValidateNamesTheFlag) {
       {{"--step-timeout=0"}, "flag --step-timeout must be positive"},
       {{"--step-timeout=nan"}, "flag --step-timeout must be positive"},
       {{"--shutdown-grace=-1"}, "flag --shutdown-grace must not be negative"},
+      {{"--queue-timeout=-1"}, "flag --queue-timeout must not be negative"},
       {{"--http-request-timeout=0"}, "flag --http-request-timeout must be positive"},
       {{"--scheduling-policy=lifo"}, "flag --scheduling-policy must be fcfs or priority, got 'lifo'"},
   };

@@ -2,8 +2,12 @@
 // tandem-workers on 127.0.0.1 talking gRPC, workers passing activations and
 // sampled ids over TCP, on a tiny random model. The in-process engine (one
 // stage, synchronous) is the reference every configuration must match.
+#include <arpa/inet.h>
 #include <google/protobuf/util/json_util.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -409,6 +413,127 @@ TEST(DistributedFaultTest, AHungWorkerFailsItsRequestsWithinSeconds) {
   EXPECT_TRUE((*cluster)->SchedulerAlive());
   (*cluster)->SignalWorker(1, SIGCONT);
   (*cluster)->KillWorker(1);
+}
+
+// The lead's check (issue 11): a worker killed and restarted between two
+// requests that share a prefix. Every rank re-allocates its KV cache when the
+// group re-forms, so the scheduler must not serve the second request's
+// prefix from blocks cached before the failure: its tokens must equal a
+// fault-free run's.
+TEST(DistributedFaultTest, APrefixCachedBeforeAWorkerRestartIsComputedAgainAfterIt) {
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.pipeline_parallel_size = 2;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::mt19937 rng(11);
+  std::vector<TokenId> shared;
+  for (int i = 0; i < 48; ++i) shared.push_back(static_cast<TokenId>(rng() % 256));  // three blocks
+  Spec first{shared, 8, {}}, second{shared, 24, {}};
+  first.prompt.push_back(7);
+  second.prompt.push_back(9);
+  const std::map<int, Outcome> expected = RunInProcess({first, second});
+
+  auto before = tools::GenerateRemotely((*cluster)->target(), "", Greedy(first), nullptr, first.prompt);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->tokens, expected.at(0).tokens);
+  ASSERT_TRUE(WaitUntilIdle((*cluster)->target()).ok());
+  (*cluster)->KillWorker(1);
+  ASSERT_TRUE((*cluster)->WaitReady(false, 5).ok());
+  ASSERT_TRUE((*cluster)->StartWorker(1).ok());
+  ASSERT_TRUE((*cluster)->WaitReady(true, 30).ok());
+  auto after = tools::GenerateRemotely((*cluster)->target(), "", Greedy(second), nullptr, second.prompt);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->tokens, expected.at(1).tokens);
+}
+
+struct HttpReply {
+  int status = 0;
+  std::string head;  // status line and headers
+  std::string body;
+};
+
+// One POST to 127.0.0.1:`port` on its own connection; the reply's body by
+// its Content-Length (an error is never streamed). Gives up after 30 s.
+HttpReply PostJson(int port, const std::string& path, const std::string& json) {
+  HttpReply reply;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return reply;
+  }
+  const std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                              "Content-Length: " + std::to_string(json.size()) + "\r\n\r\n" + json;
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string data;
+  char buffer[4096];
+  for (;;) {
+    const size_t end = data.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      const size_t length_at = data.find("Content-Length: ");
+      if (length_at != std::string::npos && length_at < end &&
+          data.size() >= end + 4 + std::stoul(data.substr(length_at + 16))) {
+        reply.head = data.substr(0, end);
+        reply.body = data.substr(end + 4);
+        reply.status = std::stoi(data.substr(9, 3));
+        break;
+      }
+    }
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    data.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return reply;
+}
+
+// Item 8 of issue 11, over the OpenAI API: while the group is down, a
+// request waits at most --queue-timeout and then gets 503 with Retry-After
+// (streamed or not: nothing was sent yet); past --max-queued-requests one
+// gets 429 with Retry-After at once. The group back, requests run.
+TEST(DistributedQueueTest, WhileTheGroupIsDownRequestsGet503AfterTheQueueTimeoutAnd429PastTheLimit) {
+  LocalClusterOptions options = TestCluster();
+  options.scheduler.queue_timeout = 2;
+  options.scheduler.max_queued_requests = 2;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const int port = (*cluster)->http_port();
+  (*cluster)->KillWorker(0);
+  ASSERT_TRUE((*cluster)->WaitReady(false, 5).ok());
+
+  const std::string body = R"({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0)";
+  HttpReply waited[2];
+  std::vector<std::thread> clients;
+  clients.emplace_back([&] { waited[0] = PostJson(port, "/v1/completions", body + "}"); });
+  clients.emplace_back([&] { waited[1] = PostJson(port, "/v1/completions", body + R"(, "stream": true})"); });
+  bool queued = false;
+  for (int i = 0; i < 250 && !queued; ++i) {
+    auto health = tools::QueryHealth((*cluster)->target());
+    queued = health.ok() && health->num_waiting == 2;
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const HttpReply full = PostJson(port, "/v1/completions", body + "}");
+  for (std::thread& t : clients) t.join();
+  ASSERT_TRUE(queued) << "the two requests must wait for the group";
+  EXPECT_EQ(full.status, 429) << full.head << full.body;
+  EXPECT_THAT(full.head, HasSubstr("Retry-After: 1"));
+  EXPECT_THAT(full.body, HasSubstr("--max-queued-requests"));
+  for (const HttpReply& r : waited) {
+    EXPECT_EQ(r.status, 503) << r.head << r.body;
+    EXPECT_THAT(r.head, HasSubstr("Retry-After: "));
+    EXPECT_THAT(r.body, HasSubstr("--queue-timeout"));
+  }
+
+  ASSERT_TRUE((*cluster)->StartWorker(0).ok());
+  ASSERT_TRUE((*cluster)->WaitReady(true, 30).ok());
+  const HttpReply served = PostJson(port, "/v1/completions", body + "}");
+  EXPECT_EQ(served.status, 200) << served.head << served.body;
+  EXPECT_THAT(served.body, HasSubstr(R"("completion_tokens":4)"));
 }
 
 }  // namespace

@@ -121,6 +121,7 @@ void OpenAiCall::Start() {
     scheduler::RequestSpec spec;
     spec.prompt_token_ids = prompt;
     spec.sampling = request_.sampling;
+    spec.priority = request_.priority;
     const int32_t room = setup_.max_model_len > 0 ? setup_.max_model_len - static_cast<int32_t>(prompt.size()) : 1 << 20;
     // OpenAI's defaults: 16 tokens for a completion, the rest of the context for a chat turn.
     spec.sampling.max_tokens = request_.max_tokens.value_or(chat() ? room : std::min(16, room));
