@@ -67,6 +67,8 @@ absl::StatusOr<std::vector<float>> ChunkLogits(worker::Backend& backend, worker:
   in.block_table_start = start_d->as<int32_t>();
   in.block_tables = table_d->as<BlockId>();
   in.num_seqs = 1;
+  in.max_seq_len = n;
+  in.max_query_len = n;
   in.logits_rows = rows_d->as<int32_t>();
   in.num_logits_rows = n;
   TANDEM_RETURN_IF_ERROR(model.Forward(in, nullptr, nullptr, logits_d->as<float>()));

@@ -59,6 +59,10 @@ class StepRunner {
     in.block_table_start = Upload(table_start)->as<int32_t>();
     in.block_tables = Upload(flat_tables)->as<BlockId>();
     in.num_seqs = static_cast<int32_t>(chunks.size());
+    for (const Chunk& c : chunks) {
+      in.max_seq_len = std::max(in.max_seq_len, c.end);
+      in.max_query_len = std::max(in.max_query_len, c.end - c.begin);
+    }
     in.logits_rows = Upload(rows)->as<int32_t>();
     in.num_logits_rows = static_cast<int32_t>(rows.size());
     const size_t n = rows.size() * model_->config().vocab_size;
