@@ -203,12 +203,14 @@ TEST(EncodeTest, ConcurrentCallsAgree) {
   for (int i = 0; i < 2000; ++i) text += "abc abd <|im_end|> bcd ";
   const std::vector<TokenId> expected = tokenizer->Encode(text);
   std::vector<std::thread> threads;
-  std::vector<bool> same(4);
+  // One int per thread, not std::vector<bool>: its bits share words, so
+  // threads writing neighbouring elements would race on the same memory.
+  std::vector<int> same(4, 0);
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] { same[t] = tokenizer->Encode(text) == expected; });
+    threads.emplace_back([&, t] { same[t] = tokenizer->Encode(text) == expected ? 1 : 0; });
   }
   for (auto& thread : threads) thread.join();
-  EXPECT_THAT(same, ElementsAre(true, true, true, true));
+  EXPECT_THAT(same, ElementsAre(1, 1, 1, 1));
 }
 
 TEST(CreateTest, RefusesOtherTokenizerModels) {

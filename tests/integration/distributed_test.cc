@@ -368,14 +368,13 @@ TEST(DistributedApiTest, AbortEndsTheStream) {
     result = tools::GenerateRemotely((*cluster)->target(), "", Greedy(long_request), nullptr, long_request.prompt,
                                      "my-request");
   });
-  bool found = false;
-  for (int i = 0; i < 200 && !found; ++i) {
-    auto aborted = tools::AbortRemotely((*cluster)->target(), "my-request");
-    found = aborted.ok() && *aborted;
-    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // Abort once the request runs: an abort that comes first finds nothing.
+  const bool running = WaitUntilRunning((*cluster)->target(), 1);
+  auto aborted = tools::AbortRemotely((*cluster)->target(), "my-request");
   client.join();
-  EXPECT_TRUE(found);
+  ASSERT_TRUE(running) << "the request never ran";
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  EXPECT_TRUE(*aborted) << "the running request was not found by its id";
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->finish_reason, "abort");
   EXPECT_LT(result->tokens.size(), 450u);

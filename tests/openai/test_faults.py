@@ -60,6 +60,24 @@ def wait_status(base, path, status, seconds=60):
     return False
 
 
+def metric(base, name):
+    """The value of sample `name` (unlabelled or model-labelled) in /metrics."""
+    for line in get(base, "/metrics")[1].decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def wait_metric(base, name, value, seconds=60):
+    """Polls /metrics until sample `name` equals `value`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if metric(base, name) == value:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.fixture
 def scheduler(tmp_path):
     if not os.path.exists(MODEL):
@@ -101,8 +119,9 @@ def test_not_ready_until_the_workers_come_and_waiting_requests_then_run(schedule
     waiting = threading.Thread(target=lambda: result.update(
         answer=post(base, {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})))
     waiting.start()
-    time.sleep(0.5)
-    assert waiting.is_alive()  # it waits for the group
+    # It waits for the group: the engine holds it as waiting, and no answer came.
+    assert wait_metric(base, "tandem:num_requests_waiting", 1)
+    assert waiting.is_alive()
     start_worker()
     waiting.join(timeout=120)
     status, body = result["answer"]
@@ -131,7 +150,9 @@ def test_a_killed_worker_fails_its_requests_clearly_and_a_new_one_restores_servi
     t.start()
     first = stream.readline() + stream.readline()
     assert first.startswith(b"data: {")
-    time.sleep(0.5)
+    # Both must be running when the worker dies, or the test proves nothing
+    # about requests in flight.
+    assert wait_metric(base, "tandem:num_requests_running", 2)
     worker.kill()
     started = time.time()
     rest = stream.read().decode()  # the stream must end, not hang

@@ -37,6 +37,14 @@ def wait_for(predicate, seconds=15):
     return predicate()
 
 
+def ready(server):
+    """Whether /ready answers 200 (a refused connection counts as not ready)."""
+    try:
+        return raw_request(server, "GET", "/ready")[0] == 200
+    except OSError:
+        return False
+
+
 def test_health_ready_models(server, client):
     assert raw_request(server, "GET", "/health")[0] == 200
     status, _, body = raw_request(server, "GET", "/ready")
@@ -287,8 +295,9 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
         stream = conn.getresponse()
         assert stream.readline().startswith(b"data: {")
         s.proc.send_signal(signal.SIGTERM)
-        # New requests are refused (503 on an open connection, or no connection at all)...
-        time.sleep(0.3)
+        # Once /ready says the server drains (503, or the listener is closed)...
+        assert wait_for(lambda: not ready(s))
+        # ...new requests are refused (503 on an open connection, or no connection at all)...
         try:
             status = raw_request(s, "POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}))[0]
         except OSError:

@@ -4,11 +4,14 @@
 #include "worker/comm/tcp_communicator.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <thread>
@@ -52,6 +55,36 @@ Comms ConnectedGroup(int32_t world, uint64_t epoch = 1) {
   const auto addresses = Addresses(comms);
   RunRanks(world, [&](int32_t r) { ASSERT_TRUE(comms[r]->Connect(addresses, epoch, kLong).ok()); });
   return comms;
+}
+
+// How many threads of this process are inside poll() or ppoll() now: the
+// syscall number that /proc/self/task/<tid>/syscall shows while a thread is
+// in a system call (Linux). Every blocking step of TcpCommunicator is a
+// poll(), and an idle sender thread waits on a futex instead, so a test can
+// wait for a Recv or a stalled sender to be really blocked before it acts.
+int ThreadsInPoll() {
+  int count = 0;
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return -1;
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream file(std::string("/proc/self/task/") + entry->d_name + "/syscall");
+    long number = -1;
+    if (file >> number && (number == SYS_poll || number == SYS_ppoll)) ++count;
+  }
+  closedir(tasks);
+  return count;
+}
+
+// Polls (every millisecond, for at most 10 s) until exactly `n` threads wait
+// in poll().
+bool WaitForThreadsInPoll(int n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ThreadsInPoll() != n) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 std::vector<uint8_t> Pattern(size_t bytes, int32_t from, int32_t to, int64_t index) {
@@ -161,16 +194,17 @@ TEST(TcpCommunicatorTest, RecvResumesAPartlyReadMessage) {
   EXPECT_EQ(std::string(tail, 4), "tail");
 }
 
+// A Recv already waiting in poll() is woken by the peer's destruction.
 TEST(TcpCommunicatorTest, DestroyedPeerIsUnavailableNotAHang) {
   Comms comms = ConnectedGroup(2);
-  std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(50));
-    comms[1].reset();
-  });
   char buf[8];
-  absl::Time start = absl::Now();
-  absl::Status s = comms[0]->Recv(1, buf, sizeof(buf), kLong);
-  killer.join();
+  absl::Status s;
+  std::thread receiver([&] { s = comms[0]->Recv(1, buf, sizeof(buf), kLong); });
+  // Destroying the peer before the Recv waits would prove nothing about a hang.
+  EXPECT_TRUE(WaitForThreadsInPoll(1)) << "the Recv never waited in poll()";
+  const absl::Time start = absl::Now();
+  comms[1].reset();
+  receiver.join();
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   s = comms[0]->Send(1, buf, sizeof(buf));
@@ -183,7 +217,8 @@ TEST(TcpCommunicatorTest, DestructionIsPromptWithASendBlocked) {
   Comms comms = ConnectedGroup(2);
   std::vector<uint8_t> big(size_t{64} << 20);
   ASSERT_TRUE(comms[0]->Send(1, big.data(), big.size()).ok());
-  absl::SleepFor(absl::Milliseconds(20));  // let the sender fill the socket
+  // The sender has filled the socket once it waits in poll() for room.
+  EXPECT_TRUE(WaitForThreadsInPoll(1)) << "the sender never blocked";
   absl::Time start = absl::Now();
   comms[0].reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
