@@ -49,3 +49,13 @@ string(FIND "${err}" "cannot open ${missing}" no_model)
 if(cause EQUAL -1 AND no_model EQUAL -1)
   message(FATAL_ERROR "tandem-worker --backend cuda: expected the cause (--backend cuda ...), got\n${err}")
 endif()
+
+# --check-flags (what the deploy_manifests test runs on every manifest's
+# command line): a bad value is refused as without it; good ones exit 0
+# without reading the model.
+expect_refusal(2 "flag --rank expects an integer, got '$(LWS_WORKER_INDEX)'" ${WORKER} --check-flags "--rank=$(LWS_WORKER_INDEX)")
+expect_refusal(2 "flag --rank must be below --world-size (2), got 2" ${WORKER} --check-flags --rank=2 --world-size=2)
+expect_refusal(2 "flag --max-num-seqs must be in [1, 1048576], got 0" ${SCHEDULER} --check-flags --max-num-seqs=0)
+expect_refusal(0 "tandem-worker: flags accepted" ${WORKER} --check-flags --model=${missing} --rank=1 --world-size=2
+               --scheduler=leader.tandem:50051 --comm-port=50100 --health-port=50052)
+expect_refusal(0 "tandem-scheduler: flags accepted" ${SCHEDULER} --check-flags --model=${missing} --host=0.0.0.0)

@@ -8,6 +8,7 @@
 //
 // The model file gives the tokenizer and the model's limits; the scheduler
 // loads no weights. SIGINT or SIGTERM drain the HTTP API and shut it down.
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -171,10 +172,20 @@ int Main(int argc, char** argv) {
                    "plans every step and streams it to the worker processes that register with it.");
   f.Register(&flags);
   listen.Register(&flags);
+  bool check_flags = false;  // a manifest's command line, checked without the model
+  flags.AddBool("check-flags", &check_flags, "check every flag and exit (0: accepted) without reading the model");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
-  if (absl::Status s = f.Validate(); !s.ok()) return Fail(std::string(s.message()));
+  if (absl::Status s = f.Validate(); !s.ok()) {
+    if (!check_flags) return Fail(std::string(s.message()));
+    std::fprintf(stderr, "tandem-scheduler: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (check_flags) {
+    std::fprintf(stderr, "tandem-scheduler: flags accepted\n");
+    return 0;
+  }
 
   absl::StatusOr<ModelInfo> model = ReadModelInfo(f.model);
   if (!model.ok()) return Fail(std::string(model.status().message()));
@@ -195,8 +206,10 @@ int Main(int argc, char** argv) {
   group_options.world_size = config.pipeline_parallel_size;
   group_options.block_size = config.block_size;
   group_options.step_timeout = absl::Seconds(f.step_timeout);
-  group_options.on_change = [&engine] {
+  std::atomic<SchedulerServer*> health{nullptr};  // set while the gRPC server runs
+  group_options.on_change = [&engine, &health] {
     if (engine) engine->Wake();
+    if (SchedulerServer* server = health.load()) server->PublishHealth();
   };
   WorkerGroup group(group_options);
   ServingMetrics metrics;
@@ -208,6 +221,8 @@ int Main(int argc, char** argv) {
   auto grpc_server =
       SchedulerServer::Start(listen.host, static_cast<int>(listen.port), &group, engine.get(), model->tokenizer.get());
   if (!grpc_server.ok()) return Fail(std::string(grpc_server.status().message()));
+  health.store(grpc_server->get());
+  (*grpc_server)->PublishHealth();
   WritePortFile(listen.port_file, (*grpc_server)->port());
   std::fprintf(stderr, "tandem-scheduler: listening on %s:%d for %lld worker(s); model %s\n", listen.host.c_str(),
                (*grpc_server)->port(), static_cast<long long>(f.pipeline_parallel_size), model->config.name.c_str());
@@ -217,6 +232,7 @@ int Main(int argc, char** argv) {
   if (listen.http_port >= 0) {
     auto started = StartHttpApi(f, listen, *model, engine.get(), &metrics, &group);
     if (!started.ok()) {
+      health.store(nullptr);
       (*grpc_server)->Shutdown();
       engine->Stop();
       return Fail(std::string(started.status().message()));
@@ -230,11 +246,13 @@ int Main(int argc, char** argv) {
   const sigset_t signals = TerminationSignals();
   int signal = 0;
   sigwait(&signals, &signal);
+  (*grpc_server)->StartDraining();
   if (http_api && f.shutdown_grace > 0) Drain(*http_api, *engine, f.shutdown_grace, signal);
   std::fprintf(stderr, "tandem-scheduler: shutting down (signal %d)\n", signal);
   // HTTP first (no new requests), then gRPC; the engine releases every
   // response writer before the HTTP server's connections are destroyed.
   if (http_api) http_api->server->Shutdown();
+  health.store(nullptr);
   (*grpc_server)->Shutdown();
   engine->Stop();
   engine.reset();

@@ -4,6 +4,9 @@
 //   tandem-worker --scheduler 127.0.0.1:50051 --rank 0 --world-size 2 --model models/...gguf
 //   tandem-worker ... --backend cuda --device 0 --gpu-memory-utilization 0.9
 //
+// In Kubernetes: --comm-port fixes the worker-to-worker port, --health-port
+// serves grpc.health.v1 for the kubelet's probes, and --check-flags checks a
+// manifest's command line without starting (worker_flags.h).
 // A backend it cannot have (--backend cuda in a build without CUDA, or with
 // no usable device) exits with status 1 and the cause.
 // When the scheduler goes away the worker exits (status 1, with the reason);
@@ -19,6 +22,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
+#include "worker/server/grpc/health_server.h"
 #include "worker/server/worker_flags.h"
 #include "worker/server/worker_server.h"
 
@@ -26,29 +30,34 @@ int main(int argc, char** argv) {
   using tandem::worker::WorkerOptions;
   WorkerOptions o;
   o.model_path = tandem::DefaultModelPath();
-  std::string scheduler = "127.0.0.1:50051";
-  int64_t rank = 0, world_size = 1, block_size = o.block_size;
+  tandem::worker::WorkerPlacementFlags p;
   tandem::worker::WorkerFlags f;
   tandem::FlagParser flags("tandem-worker",
                            "A worker process: holds one pipeline stage of the model and runs the steps the\n"
                            "scheduler streams to it.");
-  flags.AddString("scheduler", &scheduler, "the scheduler's HOST:PORT");
-  flags.AddInt("rank", &rank, "this worker's pipeline stage", 0, 63);
-  flags.AddInt("world-size", &world_size, "pipeline stages in the group", 1, 64);
   flags.AddString("model", &o.model_path, "GGUF model file (the scheduler's)");
-  flags.AddInt("block-size", &block_size, "tokens per KV block (the scheduler's)", 1, 1024);
-  flags.AddString("comm-host", &o.comm_host, "address the other workers reach this one at");
+  p.Register(&flags);
   f.Register(&flags);
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
-  if (absl::Status s = f.Validate(); !s.ok()) {
-    std::fprintf(stderr, "tandem-worker: %s\n", std::string(s.message()).c_str());
-    return 2;
+  for (const absl::Status& s : {p.Validate(), f.Validate()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "tandem-worker: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
-  o.rank = static_cast<int32_t>(rank);
-  o.world_size = static_cast<int32_t>(world_size);
-  o.block_size = static_cast<int32_t>(block_size);
+  if (p.check_flags) {
+    std::fprintf(stderr, "tandem-worker: flags accepted\n");
+    return 0;
+  }
+  const std::string& scheduler = p.scheduler;
+  const int64_t rank = p.rank;
+  o.rank = static_cast<int32_t>(p.rank);
+  o.world_size = static_cast<int32_t>(p.world_size);
+  o.block_size = static_cast<int32_t>(p.block_size);
+  o.comm_host = p.comm_host;
+  o.comm_port = static_cast<int32_t>(p.comm_port);
   o.threads = static_cast<int32_t>(f.threads);
   o.kv_cache_bytes = f.kv_cache_memory;
   o.peer_timeout = absl::Seconds(f.peer_timeout);
@@ -56,6 +65,19 @@ int main(int argc, char** argv) {
   o.device = static_cast<int32_t>(f.device);
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.comm = f.comm;
+
+  // Up before the model loads, so a liveness probe sees the process at once;
+  // "" is SERVING only while the worker is in a group its scheduler formed.
+  std::unique_ptr<tandem::worker::HealthServer> health;
+  if (p.health_port >= 0) {
+    auto started = tandem::worker::HealthServer::Start("0.0.0.0", static_cast<int>(p.health_port));
+    if (!started.ok()) {
+      std::fprintf(stderr, "tandem-worker %lld: %s\n", static_cast<long long>(rank),
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    health = *std::move(started);
+  }
 
   auto server = tandem::worker::WorkerServer::Create(o);
   if (!server.ok()) {
@@ -69,7 +91,9 @@ int main(int argc, char** argv) {
                registration.device().c_str(), registration.max_kv_blocks(), scheduler.c_str());
   auto channel = tandem::rpc::MakeChannel(scheduler);
   auto stub = tandem::v1::WorkerControl::NewStub(channel);
-  tandem::worker::GrpcSchedulerLink link(stub.get(), server->get());
+  tandem::worker::GrpcSchedulerLink link(stub.get(), server->get(), [&health](bool in_group) {
+    if (health) health->SetServing("", in_group);
+  });
   const absl::Status status = (*server)->Run(&link);
   link.Shutdown();
   std::fprintf(stderr, "tandem-worker %lld: the scheduler went away (%s); exiting\n", static_cast<long long>(rank),

@@ -1,5 +1,6 @@
 #include "worker/server/worker_flags.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::worker {
@@ -48,6 +49,47 @@ std::vector<std::string> WorkerFlags::ToArgs() const {
           absl::StrCat("--device=", device),
           absl::StrCat("--gpu-memory-utilization=", gpu_memory_utilization),
           absl::StrCat("--comm=", comm)};
+}
+
+void WorkerPlacementFlags::Register(FlagParser* flags) {
+  flags->AddString("scheduler", &scheduler, "the scheduler's HOST:PORT");
+  flags->AddInt("rank", &rank, "this worker's pipeline stage", 0, 63);
+  flags->AddInt("world-size", &world_size, "pipeline stages in the group", 1, 64);
+  flags->AddInt("block-size", &block_size, "tokens per KV block (the scheduler's)", 1, 1024);
+  flags->AddString("comm-host", &comm_host, "address the other workers reach this one at");
+  flags->AddInt("comm-port", &comm_port,
+                "port of the listener the other workers dial (0: any free port; a NetworkPolicy needs a fixed one)",
+                0, 65535);
+  flags->AddInt("health-port", &health_port,
+                "serve the standard gRPC health service (grpc.health.v1) on 0.0.0.0:PORT for Kubernetes' grpc "
+                "probes (-1: none)",
+                -1, 65535);
+  flags->AddBool("check-flags", &check_flags, "check every flag and exit (0: accepted) without reading the model");
+}
+
+absl::Status WorkerPlacementFlags::Validate() const {
+  if (rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --rank must be below --world-size (", world_size, "), got ", rank));
+  }
+  if (scheduler.find("$(") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --scheduler has an unresolved variable: '", scheduler, "'"));
+  }
+  const size_t colon = scheduler.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(scheduler.substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --scheduler expects HOST:PORT, got '", scheduler, "'"));
+  }
+  if (comm_host.empty() || comm_host.find("$(") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("flag --comm-host expects an address, got '", comm_host, "'"));
+  }
+  if (comm_port != 0 && comm_port == health_port) {
+    return absl::InvalidArgumentError("flags --comm-port and --health-port must differ");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::worker

@@ -49,6 +49,34 @@ struct WorkerFlags {
   std::vector<std::string> ToArgs() const;
 };
 
+// Where one worker sits in its group and where it listens: what a launcher
+// (tandem serve, a Kubernetes manifest) gives each worker itself, so never
+// forwarded by ToArgs. Every flag also takes the "--name=value" form, which
+// is what a Kubernetes manifest writes with $(VAR) expansion:
+// "--rank=$(LWS_WORKER_INDEX)". A variable Kubernetes could not resolve is
+// left as the text "$(NAME)", which the parser refuses naming the flag.
+//   --comm-port N     the worker-to-worker listener's port (0: any free
+//                     port; a NetworkPolicy needs a fixed one)
+//   --health-port N   the standard gRPC health service (grpc.health.v1,
+//                     Kubernetes' grpc probes) on 0.0.0.0:N; -1: none
+struct WorkerPlacementFlags {
+  std::string scheduler = "127.0.0.1:50051";
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t block_size = 16;
+  std::string comm_host = "127.0.0.1";
+  int64_t comm_port = 0;
+  int64_t health_port = -1;
+  // Parse and validate every flag, then exit (0, or 2 with the message)
+  // without reading the model: checks a manifest's command line.
+  bool check_flags = false;
+
+  void Register(FlagParser* flags);
+  // InvalidArgument naming the flag: the rank within the world size, a
+  // HOST:PORT scheduler address.
+  absl::Status Validate() const;
+};
+
 }  // namespace tandem::worker
 
 #endif  // TANDEM_WORKER_SERVER_WORKER_FLAGS_H_

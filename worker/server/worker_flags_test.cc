@@ -66,5 +66,53 @@ TEST(WorkerFlagsTest, BadValuesNameTheFlag) {
   EXPECT_THAT(std::string(flags.Parse({"--device=-1"}).message()), HasSubstr("--device"));
 }
 
+// What a Kubernetes manifest gives a worker, after $(VAR) expansion.
+TEST(WorkerPlacementFlagsTest, ManifestFormsParse) {
+  WorkerPlacementFlags p;
+  FlagParser flags("test", "test");
+  p.Register(&flags);
+  ASSERT_TRUE(flags
+                  .Parse({"--scheduler=tandem-0.tandem.default:50051", "--rank=2", "--world-size=3",
+                          "--comm-host=10.1.2.3", "--comm-port=50100", "--health-port=50052", "--check-flags"})
+                  .ok());
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  EXPECT_EQ(p.scheduler, "tandem-0.tandem.default:50051");
+  EXPECT_EQ(p.rank, 2);
+  EXPECT_EQ(p.world_size, 3);
+  EXPECT_EQ(p.comm_host, "10.1.2.3");
+  EXPECT_EQ(p.comm_port, 50100);
+  EXPECT_EQ(p.health_port, 50052);
+  EXPECT_TRUE(p.check_flags);
+}
+
+TEST(WorkerPlacementFlagsTest, DefaultsListenOnAnyPortAndServeNoHealth) {
+  WorkerPlacementFlags p;
+  EXPECT_EQ(p.comm_port, 0);
+  EXPECT_EQ(p.health_port, -1);
+  EXPECT_FALSE(p.check_flags);
+  EXPECT_TRUE(p.Validate().ok());
+}
+
+TEST(WorkerPlacementFlagsTest, UnresolvedVariablesAndBadValuesNameTheFlag) {
+  auto parse = [](std::vector<std::string> args) {
+    WorkerPlacementFlags p;
+    FlagParser flags("test", "test");
+    p.Register(&flags);
+    absl::Status status = flags.Parse(args);
+    if (status.ok()) status = p.Validate();
+    return std::string(status.message());
+  };
+  // Kubernetes leaves $(NAME) as it is when NAME is not defined.
+  EXPECT_THAT(parse({"--rank=$(LWS_WORKER_INDEX)"}), HasSubstr("flag --rank expects an integer, got '$(LWS_WORKER_INDEX)'"));
+  EXPECT_THAT(parse({"--scheduler=$(LWS_LEADER_ADDRESS):50051"}),
+              HasSubstr("flag --scheduler has an unresolved variable"));
+  EXPECT_THAT(parse({"--comm-host=$(POD_IP)"}), HasSubstr("flag --comm-host expects an address"));
+  EXPECT_THAT(parse({"--scheduler=tandem-0"}), HasSubstr("flag --scheduler expects HOST:PORT"));
+  EXPECT_THAT(parse({"--rank=2", "--world-size=2"}), HasSubstr("flag --rank must be below --world-size (2), got 2"));
+  EXPECT_THAT(parse({"--comm-port=70000"}), HasSubstr("flag --comm-port must be in [0, 65535]"));
+  EXPECT_THAT(parse({"--health-port=-2"}), HasSubstr("flag --health-port must be in [-1, 65535]"));
+  EXPECT_THAT(parse({"--comm-port=5000", "--health-port=5000"}), HasSubstr("--comm-port and --health-port must differ"));
+}
+
 }  // namespace
 }  // namespace tandem::worker

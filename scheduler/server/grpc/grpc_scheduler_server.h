@@ -1,6 +1,9 @@
 // SchedulerServer: the scheduler process's gRPC server: the worker control
 // service and the Generate API on one listening port, with tandem's
-// keepalive and message-size settings.
+// keepalive and message-size settings, and the standard health service
+// (grpc.health.v1.Health, which Kubernetes' `grpc:` probes ask): "" is
+// SERVING until a drain starts; "ready" is SERVING while the worker group is
+// ready and no drain has started (HTTP's /health and /ready).
 //
 // Thread-safe.
 #ifndef TANDEM_SCHEDULER_SERVER_GRPC_GRPC_SCHEDULER_SERVER_H_
@@ -9,7 +12,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
 #include "scheduler/wire/worker_group.h"
 #include "scheduler/server/serving_engine.h"
@@ -32,6 +37,11 @@ class SchedulerServer {
   ~SchedulerServer();
 
   int port() const { return port_; }
+  // Brings the health service up to date with the group; cheap when nothing
+  // changed (the group's on_change calls it on every step).
+  void PublishHealth() ABSL_LOCKS_EXCLUDED(health_mu_);
+  // From now on "" and "ready" are NOT_SERVING.
+  void StartDraining() ABSL_LOCKS_EXCLUDED(health_mu_);
   // Stops accepting, ends open streams within a short grace period.
   void Shutdown();
 
@@ -39,7 +49,11 @@ class SchedulerServer {
   SchedulerServer() = default;
   std::unique_ptr<GrpcWorkerService> worker_service_;
   std::unique_ptr<GrpcGenerateService> generate_service_;
-  std::unique_ptr<grpc::Server> server_;
+  WorkerGroup* group_ = nullptr;
+  absl::Mutex health_mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(health_mu_);
+  bool draining_ ABSL_GUARDED_BY(health_mu_) = false;
+  int published_ ABSL_GUARDED_BY(health_mu_) = -1;  // bit 0: "", bit 1: "ready"; -1: none yet
   int port_ = 0;
 };
 

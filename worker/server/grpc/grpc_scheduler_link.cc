@@ -2,7 +2,9 @@
 
 namespace tandem::worker {
 
-GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server) : server_(server) {
+GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server,
+                                     std::function<void(bool)> on_group)
+    : server_(server), on_group_(std::move(on_group)) {
   context_.set_wait_for_ready(true);
   stub->async()->Session(&context_, this);
   StartRead(&in_);
@@ -21,6 +23,8 @@ void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
 
 void GrpcSchedulerLink::OnReadDone(bool ok) {
   if (!ok) return;  // the stream is ending; OnDone follows
+  if (!heard_ && on_group_) on_group_(true);
+  heard_ = true;
   server_->OnMessage(std::move(in_));
   in_.Clear();
   StartRead(&in_);
@@ -37,6 +41,7 @@ void GrpcSchedulerLink::OnWriteDone(bool ok) {
 }
 
 void GrpcSchedulerLink::OnDone(const grpc::Status& status) {
+  if (on_group_) on_group_(false);
   server_->OnDisconnected(status.ok() ? "the scheduler closed the stream" : status.error_message());
   absl::MutexLock lock(&mu_);
   done_ = true;  // wakes Shutdown's Await

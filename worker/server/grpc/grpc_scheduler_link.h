@@ -8,6 +8,7 @@
 #define TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 
 #include <deque>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -19,8 +20,12 @@ namespace tandem::worker {
 class GrpcSchedulerLink : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>,
                           public SchedulerLink {
  public:
-  // `server` must outlive the link.
-  GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server);
+  // `server` must outlive the link. `on_group` (optional, called on gRPC's
+  // threads) hears true at the scheduler's first message on the stream (the
+  // group is formed) and false when the stream ends: the health service's
+  // state.
+  GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server,
+                    std::function<void(bool in_group)> on_group = nullptr);
 
   void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the call and waits until gRPC is done with this reactor.
@@ -32,6 +37,8 @@ class GrpcSchedulerLink : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::
 
  private:
   WorkerServer* const server_;
+  const std::function<void(bool)> on_group_;
+  bool heard_ = false;  // reads are sequential: only OnReadDone touches it
   grpc::ClientContext context_;
   v1::SchedulerMessage in_;
   absl::Mutex mu_;
