@@ -56,3 +56,8 @@ fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${TANDEM_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build build -j"$(nproc)"
+
+# The Kubernetes 1.32 schemas for the deploy_manifests test (deploy/kubernetes/).
+if ! .venv/bin/python3 -c "import kubernetes_validate" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+fi
