@@ -1,8 +1,11 @@
 #include "tools/cluster/local_cluster.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,7 +16,10 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "tools/client/grpc_generate_client.h"
 
 extern char** environ;
@@ -143,11 +149,96 @@ void LocalCluster::SignalWorker(int32_t rank, int signal) {
   workers_[rank] = -1;
 }
 
+namespace {
+
+std::string DescribeExit(const std::string& who, int status) {
+  if (WIFEXITED(status)) return absl::StrCat(who, " exited with status ", WEXITSTATUS(status));
+  return absl::StrCat(who, " was killed by signal ", WTERMSIG(status));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LocalCluster::WaitWorkerExit(int32_t rank, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (workers_[rank] > 0) {
+    int status = 0;
+    if (waitpid(workers_[rank], &status, WNOHANG) == workers_[rank]) {
+      workers_[rank] = -1;
+      return DescribeExit(absl::StrCat("worker ", rank), status);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("worker ", rank, " did not exit within ", seconds, " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::StrCat("worker ", rank, " was not running");
+}
+
+std::vector<std::pair<int32_t, std::string>> LocalCluster::ReapExitedWorkers() {
+  std::vector<std::pair<int32_t, std::string>> exited;
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    int status = 0;
+    if (workers_[r] > 0 && waitpid(workers_[r], &status, WNOHANG) == workers_[r]) {
+      workers_[r] = -1;
+      exited.emplace_back(static_cast<int32_t>(r), DescribeExit(absl::StrCat("worker ", r), status));
+    }
+  }
+  return exited;
+}
+
+absl::StatusOr<std::string> LocalCluster::FetchMetrics() const {
+  if (http_port_ <= 0) return absl::FailedPreconditionError("the cluster has no HTTP API");
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(http_port_));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return absl::UnavailableError("cannot connect to the HTTP API");
+  }
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  // The body by its Content-Length (or until the server closes).
+  std::string reply;
+  char buffer[8192];
+  size_t want = std::string::npos;
+  while (reply.size() < want) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    reply.append(buffer, static_cast<size_t>(n));
+    const size_t end = reply.find("\r\n\r\n");
+    const size_t length_at = reply.find("Content-Length: ");
+    if (want == std::string::npos && end != std::string::npos && length_at < end) {
+      want = end + 4 + std::strtoul(reply.c_str() + length_at + 16, nullptr, 10);
+    }
+  }
+  close(fd);
+  const size_t body = reply.find("\r\n\r\n");
+  if (body == std::string::npos || reply.compare(0, 12, "HTTP/1.1 200") != 0 ||
+      (want != std::string::npos && reply.size() < want)) {
+    return absl::UnavailableError(absl::StrCat("no /metrics answer: ", reply.substr(0, 64)));
+  }
+  return reply.substr(body + 4);
+}
+
+absl::StatusOr<double> MetricValue(const std::string& metrics_text, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(metrics_text, '\n')) {
+    if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
+    if (line[name.size()] != '{' && line[name.size()] != ' ') continue;
+    double value = 0;
+    const size_t space = line.rfind(' ');
+    if (absl::SimpleAtod(line.substr(space + 1), &value)) return value;
+  }
+  return absl::NotFoundError(absl::StrCat("no sample of ", name));
+}
+
 std::string LocalCluster::WaitForExit(const std::function<bool()>& stop) {
-  auto describe = [](const std::string& who, int status) {
-    if (WIFEXITED(status)) return absl::StrCat(who, " exited with status ", WEXITSTATUS(status));
-    return absl::StrCat(who, " was killed by signal ", WTERMSIG(status));
-  };
+  auto describe = DescribeExit;
   while (!stop()) {
     int status = 0;
     if (scheduler_ > 0 && waitpid(scheduler_, &status, WNOHANG) == scheduler_) {

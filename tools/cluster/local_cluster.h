@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,14 @@ class LocalCluster {
   void KillWorker(int32_t rank) { SignalWorker(rank, 9); }
   // Starts worker `rank` again.
   absl::Status StartWorker(int32_t rank);
+  // Waits up to `seconds` for worker `rank` to exit by itself and reaps it;
+  // returns how it ended ("exited with status 1"), or DeadlineExceeded.
+  absl::StatusOr<std::string> WaitWorkerExit(int32_t rank, double seconds);
+  // Ranks whose process has exited since it was started (reaped here), each
+  // with how it ended; a campaign restarts them.
+  std::vector<std::pair<int32_t, std::string>> ReapExitedWorkers();
+  // The scheduler's /metrics text (the OpenAI API's port; 5 s timeout).
+  absl::StatusOr<std::string> FetchMetrics() const;
   // Waits until Health says ready (or not), up to `seconds`.
   absl::Status WaitReady(bool ready, double seconds);
   bool SchedulerAlive();
@@ -86,6 +95,10 @@ class LocalCluster {
   pid_t scheduler_ = -1;
   std::vector<pid_t> workers_;
 };
+
+// The value of the first sample of `name` in a Prometheus text (labels
+// ignored); NotFound without one.
+absl::StatusOr<double> MetricValue(const std::string& metrics_text, const std::string& name);
 
 // The directory of this program (where the build puts every executable).
 std::string ProgramDirectory();
