@@ -115,7 +115,9 @@ TEST(AsyncSchedulerTest, PrefixCachingDeduplicatesPrefillsInTheSameStep) {
   queue.push_back(scheduler->Schedule());
   RequestId next_id = 2;
   while (!queue.empty()) {
-    if (next_id < 5) ASSERT_TRUE(scheduler->AddRequest(MakeRequest(next_id++, 100, 3, true)).ok());
+    if (next_id < 5) {
+      ASSERT_TRUE(scheduler->AddRequest(MakeRequest(next_id++, 100, 3, true)).ok());
+    }
     Update(*scheduler, queue.front());
     queue.pop_front();
     SchedulerOutput next = scheduler->Schedule();

@@ -82,6 +82,10 @@ void BlockPool::FreeBlocksTailFirst(absl::Span<const BlockId> blocks) {
     const BlockId block = *it;
     if (block == kNullBlock) continue;
     KvBlock& b = blocks_[block];
+    if (kFaultInjection && fault_ == SchedulerFault::kFreeSharedBlocks) {
+      if (b.ref_cnt == 0) continue;  // a holder whose reference the fault dropped
+      b.ref_cnt = 1;                 // drops the other holders' references too
+    }
     TANDEM_CHECK(b.ref_cnt > 0) << "double free of block " << block;
     if (--b.ref_cnt > 0) continue;
     if (b.has_hash) {

@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "common/types.h"
 #include "scheduler/core/block_hash.h"
+#include "scheduler/core/fault_injection.h"
 
 namespace tandem::scheduler {
 
@@ -66,6 +67,9 @@ class BlockPool {
   // Forgets every hash. Fails (returns false) unless every block is free.
   bool ResetPrefixCache();
 
+  // Test builds only (fault_injection.h); no effect elsewhere.
+  void InjectFaultForTest(SchedulerFault fault) { fault_ = fault; }
+
   // --- introspection for tests and the invariant checker ---
   const KvBlock& block(BlockId id) const { return blocks_[id]; }
   std::vector<BlockId> FreeQueueOrder() const;
@@ -88,6 +92,7 @@ class BlockPool {
   int32_t tail_;
   int32_t num_free_ = 0;
   const bool enable_caching_;
+  SchedulerFault fault_ = SchedulerFault::kNone;
   absl::flat_hash_map<BlockHash, absl::InlinedVector<BlockId, 1>> cached_;
 };
 

@@ -124,6 +124,7 @@ void Scheduler::FailStartedRequests(const absl::Status& error, std::vector<Reque
 }
 
 bool Scheduler::CanFreeBlocksNow(const Request& request) const {
+  if (kFaultInjection && fault_ == SchedulerFault::kNoFence) return true;
   return !defer_block_free_ || request.last_sched_seq <= processed_step_seq_;
 }
 

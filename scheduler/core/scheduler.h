@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "scheduler/core/engine_config.h"
+#include "scheduler/core/fault_injection.h"
 #include "scheduler/core/kv_cache_manager.h"
 #include "scheduler/core/request.h"
 #include "scheduler/core/request_queue.h"
@@ -104,6 +105,12 @@ class Scheduler {
   size_t num_requests() const { return requests_.size(); }
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size() + skipped_waiting_.size(); }
+
+  // Test builds only (fault_injection.h); no effect elsewhere.
+  void InjectFaultForTest(SchedulerFault fault) {
+    fault_ = fault;
+    kv_.mutable_pool().InjectFaultForTest(fault);
+  }
 
   // --- introspection (tests, tracing, metrics, the invariant checker) ---
   const EngineConfig& config() const { return config_; }
@@ -190,6 +197,7 @@ class Scheduler {
   StepSeq processed_step_seq_ = 0;
   uint64_t next_arrival_seq_ = 0;
   SchedulerStats stats_;
+  SchedulerFault fault_ = SchedulerFault::kNone;
   std::vector<BlockId> hit_scratch_;
   std::vector<Planned> planned_scratch_;
   std::vector<SchedulerOutput> spare_outputs_;

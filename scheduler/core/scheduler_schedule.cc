@@ -125,9 +125,11 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
   // earlier-planned one as its priority victim): register the full blocks
   // this step computes, so that a request admitted later in this same step
   // can still hit them (vLLM does the same).
+  const bool early_hashes = kFaultInjection && fault_ == SchedulerFault::kEarlyHashes;
   for (const Planned& p : *planned) {
     Request* r = p.request;
-    kv_.CacheBlocks(*r, std::min(r->num_computed_tokens + p.num_tokens, r->num_tokens()));
+    kv_.CacheBlocks(*r, early_hashes ? r->num_tokens()
+                                     : std::min(r->num_computed_tokens + p.num_tokens, r->num_tokens()));
   }
 }
 
@@ -205,6 +207,7 @@ void Scheduler::ScheduleWaiting(int32_t* token_budget, std::vector<Planned>* pla
       break;  // the waiting pass ends at the first request that does not fit
     }
     queue.Pop();
+    if (kFaultInjection && fault_ == SchedulerFault::kEarlyHashes) kv_.CacheBlocks(*r, r->num_tokens());
     kv_.RecordPrefixLookup(r->num_tokens(), hit);
     const auto kind = r->status == RequestStatus::kPreempted ? Planned::Kind::kResumed : Planned::Kind::kNew;
     r->status = RequestStatus::kRunning;

@@ -10,10 +10,12 @@
 namespace tandem::scheduler {
 namespace {
 
-// What a position's KV "holds": its token, its position and everything before.
-uint64_t NextCell(uint64_t previous, TokenId token, int32_t position) {
-  return SplitMix64(previous ^ SplitMix64((static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) |
-                            static_cast<uint32_t>(position)));
+uint64_t Mix(uint64_t digest, uint64_t value) { return SplitMix64(digest ^ SplitMix64(value)); }
+
+// What a computed position's KV holds: its token, its position and (through
+// `context`) everything the row attended to before it.
+uint64_t KvValue(uint64_t context, TokenId token, int32_t position) {
+  return Mix(context, (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) | static_cast<uint32_t>(position));
 }
 
 constexpr uint64_t kContextSeed = 0x5eed5eed5eed5eedULL;
@@ -24,15 +26,15 @@ FakeExecutor::FakeExecutor(FakeExecutorOptions options)
     : options_(std::move(options)),
       kv_(static_cast<size_t>(options_.num_blocks) * options_.block_size, 0) {}
 
-TokenId FakeExecutor::RuleToken(uint64_t cell) const {
-  return static_cast<TokenId>(SplitMix64(cell) % static_cast<uint64_t>(options_.vocab_size));
+TokenId FakeExecutor::RuleToken(uint64_t digest) const {
+  return static_cast<TokenId>(SplitMix64(digest) % static_cast<uint64_t>(options_.vocab_size));
 }
 
 void FakeExecutor::Log(const char* what, StepSeq seq) {
   if (options_.call_log != nullptr) options_.call_log->push_back(absl::StrCat(what, " ", seq));
 }
 
-absl::StatusOr<uint64_t*> FakeExecutor::Cell(const Slot& slot, int32_t position) {
+absl::StatusOr<size_t> FakeExecutor::CellIndex(const Slot& slot, int32_t position) const {
   const size_t index = static_cast<size_t>(position / options_.block_size);
   if (index >= slot.blocks.size()) {
     return absl::FailedPreconditionError(
@@ -42,28 +44,31 @@ absl::StatusOr<uint64_t*> FakeExecutor::Cell(const Slot& slot, int32_t position)
   if (block <= 0 || block >= options_.num_blocks) {
     return absl::FailedPreconditionError(absl::StrCat("position ", position, " maps to block ", block));
   }
-  return &kv_[static_cast<size_t>(block) * options_.block_size + position % options_.block_size];
+  return static_cast<size_t>(block) * options_.block_size + position % options_.block_size;
 }
 
-absl::StatusOr<uint64_t> FakeExecutor::Forward(RequestId id, Slot& slot, int32_t start, int32_t count) {
-  uint64_t cell = 0;
-  for (int32_t p = start; p < start + count; ++p) {
-    if (p >= static_cast<int32_t>(slot.tokens.size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "request ", id, ": position ", p, " has no token yet (scheduled before its sample)"));
-    }
-    uint64_t previous = kContextSeed;
-    if (p > 0) {
-      auto before = Cell(slot, p - 1);
-      if (!before.ok()) return before.status();
-      previous = **before;
-    }
-    cell = NextCell(previous, slot.tokens[p], p);
-    auto here = Cell(slot, p);
-    if (!here.ok()) return here.status();
-    **here = cell;
+absl::StatusOr<uint64_t> FakeExecutor::Forward(RequestId id, const Slot& slot, int32_t start, int32_t count,
+                                               std::vector<KvWrite>* writes) {
+  if (start + count > static_cast<int32_t>(slot.tokens.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", id, ": position ", start + count - 1,
+                                                      " has no token yet (scheduled before its sample)"));
   }
-  return cell;
+  // Attention over the context computed before: read through the block table.
+  uint64_t digest = kContextSeed;
+  for (int32_t p = 0; p < start; ++p) {
+    auto cell = CellIndex(slot, p);
+    if (!cell.ok()) return cell.status();
+    digest = Mix(digest, kv_[*cell]);
+  }
+  for (int32_t p = start; p < start + count; ++p) {
+    auto cell = CellIndex(slot, p);
+    if (!cell.ok()) return cell.status();
+    const uint64_t value = KvValue(digest, slot.tokens[p], p);
+    kv_[*cell] = value;
+    writes->push_back({*cell, value});
+    digest = Mix(digest, value);
+  }
+  return digest;
 }
 
 absl::Status FakeExecutor::ApplyDiff(const SchedulerOutput& step) {
@@ -120,9 +125,9 @@ absl::Status FakeExecutor::Execute(const SchedulerOutput& step) {
     if (samples != row.samples) {
       return absl::InternalError(absl::StrCat("request ", row.id, ": sampling rule disagrees with the scheduler"));
     }
-    auto cell = Forward(row.id, slot->second, from, row.num_tokens);
-    if (!cell.ok()) return cell.status();
-    pending.rows.push_back({row.id, samples, *cell});
+    auto digest = Forward(row.id, slot->second, from, row.num_tokens, &pending.writes);
+    if (!digest.ok()) return digest.status();
+    pending.rows.push_back({row.id, samples, *digest});
   }
   return absl::OkStatus();
 }
@@ -147,7 +152,7 @@ absl::Status FakeExecutor::Sample(StepSeq step_seq, const GrammarOutput* grammar
       continue;
     }
     Slot& slot = slots_[row.id];
-    TokenId token = RuleToken(row.last_cell);
+    TokenId token = RuleToken(row.digest);
     if (grammar != nullptr) {
       auto g = std::find(grammar->request_ids.begin(), grammar->request_ids.end(), row.id);
       if (g != grammar->request_ids.end()) {
@@ -172,7 +177,7 @@ absl::Status FakeExecutor::Sample(StepSeq step_seq, const GrammarOutput* grammar
     slot.tokens.push_back(token);
     it->output.AddRow(row.id, {token});
     if (slot.logprobs >= 0) {
-      const float logprob = -static_cast<float>(SplitMix64(row.last_cell) % 1000) / 100.0f;
+      const float logprob = -static_cast<float>(SplitMix64(row.digest) % 1000) / 100.0f;
       top_ids.clear();
       top.clear();
       for (int32_t i = 0; i < slot.logprobs; ++i) {
@@ -190,6 +195,9 @@ absl::StatusOr<ModelRunnerOutput> FakeExecutor::CollectOutput(StepSeq step_seq) 
   if (pending_.empty() || pending_.front().seq != step_seq || !pending_.front().sampled) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step_seq, " has no output to collect"));
   }
+  // The step's KV writes land again now: with correct fences no other
+  // request has been given these slots while the step was in flight.
+  for (const KvWrite& w : pending_.front().writes) kv_[w.cell] = w.value;
   ModelRunnerOutput output = std::move(pending_.front().output);
   pending_.pop_front();
   return output;

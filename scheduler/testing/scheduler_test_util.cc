@@ -1,7 +1,6 @@
 #include "scheduler/testing/scheduler_test_util.h"
 
 #include "gtest/gtest.h"
-#include "scheduler/testing/invariant_checker.h"
 
 namespace tandem::scheduler::testing {
 
@@ -62,64 +61,13 @@ int32_t ScheduledTokens(const SchedulerOutput& step, RequestId id) {
   return 0;
 }
 
-// Far more than any test workload needs: beyond it the engine is livelocked.
-constexpr int64_t kMaxIterations = 100000;
-
 WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrivals,
                         FakeExecutorOptions executor_options,
                         const std::map<int64_t, std::vector<RequestId>>& aborts) {
-  WorkloadRun run;
-  std::unique_ptr<Scheduler> scheduler = MakeScheduler(config);
-  if (scheduler == nullptr) return run;
-  executor_options.num_blocks = config.num_kv_blocks;
-  executor_options.block_size = config.block_size;
-  FakeExecutor executor(std::move(executor_options));
-  EngineCore engine(scheduler.get(), &executor);
-  InvariantChecker checker;
-  engine.AddObserver(&checker);
-
-  std::stable_sort(arrivals.begin(), arrivals.end(),
-                   [](const Arrival& a, const Arrival& b) { return a.at_iteration < b.at_iteration; });
-  size_t next = 0;
-  int64_t idle = 0;
-  for (int64_t it = 0; next < arrivals.size() || engine.HasWork(); ++it) {
-    while (next < arrivals.size() && arrivals[next].at_iteration <= it) {
-      RequestSpec& spec = arrivals[next].spec;
-      run.results[spec.id];
-      absl::Status added = engine.AddRequest(std::move(spec));
-      EXPECT_TRUE(added.ok()) << added;
-      ++next;
-    }
-    if (auto a = aborts.find(it); a != aborts.end()) {
-      for (RequestId id : a->second) engine.Abort(id);
-    }
-    auto result = engine.Step();
-    if (!result.ok()) {
-      ADD_FAILURE() << "engine step failed: " << result.status();
-      return run;
-    }
-    for (const RequestOutput& out : result->outputs) {
-      RequestResult& r = run.results[out.id];
-      r.tokens.insert(r.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-      if (!out.new_token_ids.empty()) ++r.num_outputs;
-      if (out.finished()) {
-        EXPECT_EQ(r.finish, FinishReason::kNone) << "request " << out.id << " finished twice";
-        r.finish = out.finish_reason;
-      }
-    }
-    // An iteration that neither launches nor completes a step makes no
-    // progress; a few in a row (waiting for arrivals aside) is a stall.
-    idle = (result->executed || result->updated || next < arrivals.size()) ? 0 : idle + 1;
-    if (idle > 3 || it > kMaxIterations) {
-      ADD_FAILURE() << "engine stalled with " << scheduler->num_requests() << " requests after " << it
-                    << " iterations (" << scheduler->stats().num_preemptions << " preemptions)";
-      return run;
-    }
-    run.iterations = it + 1;
-  }
-  run.stats = scheduler->stats();
-  run.free_blocks_at_end = scheduler->kv_cache().pool().num_free_blocks();
-  run.usable_blocks = config.num_kv_blocks - 1;
+  WorkloadOptions options;
+  options.aborts = aborts;
+  WorkloadRun run = RunEngineWorkload(config, std::move(arrivals), std::move(executor_options), options);
+  EXPECT_TRUE(run.status.ok()) << run.status;
   return run;
 }
 

@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "scheduler/core/engine_core.h"
-#include "scheduler/testing/fake_executor.h"
 #include "scheduler/core/scheduler.h"
+#include "scheduler/testing/fake_executor.h"
+#include "scheduler/testing/workload_runner.h"
 
 namespace tandem::scheduler::testing {
 
@@ -42,30 +43,11 @@ std::vector<RequestOutput> Update(Scheduler& scheduler, const SchedulerOutput& s
 
 int32_t ScheduledTokens(const SchedulerOutput& step, RequestId id);
 
-// Everything one request received from the engine.
-struct RequestResult {
-  std::vector<TokenId> tokens;
-  FinishReason finish = FinishReason::kNone;
-  int32_t num_outputs = 0;  // output messages carrying tokens
-};
-
-struct Arrival {
-  int64_t at_iteration = 0;  // engine iteration at which AddRequest happens
-  RequestSpec spec;
-};
-
-struct WorkloadRun {
-  std::map<RequestId, RequestResult> results;
-  SchedulerStats stats;
-  int64_t iterations = 0;
-  int32_t free_blocks_at_end = 0;
-  int32_t usable_blocks = 0;
-};
-
 // Runs `arrivals` to completion on an EngineCore over a FakeExecutor, with
-// the InvariantChecker checking every step boundary. `aborts` maps an
-// engine iteration to the ids aborted before it. Fails the test (and returns
-// what it has) on an engine error, a rejected request, or a stall.
+// the InvariantChecker checking every step boundary (RunEngineWorkload).
+// `aborts` maps an engine iteration to the ids aborted before it. Fails the
+// test (and returns what it has) on an engine error, a rejected request, an
+// invariant violation, or a stall.
 WorkloadRun RunWorkload(const EngineConfig& config, std::vector<Arrival> arrivals,
                         FakeExecutorOptions executor_options,
                         const std::map<int64_t, std::vector<RequestId>>& aborts = {});
