@@ -37,6 +37,28 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
   return result;
 }
 
+RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId>& prompt_token_ids,
+                            const scheduler::SamplingParams& sampling, double deadline_s) {
+  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+  v1::GenerateRequest request;
+  request.mutable_prompt_token_ids()->Add(prompt_token_ids.begin(), prompt_token_ids.end());
+  scheduler::EncodeSamplingParams(sampling, false, request.mutable_sampling());
+  grpc::ClientContext context;
+  const auto start = std::chrono::system_clock::now();
+  context.set_deadline(start + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::duration<double>(deadline_s)));
+  RemoteStream out;
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    out.tokens.insert(out.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+    if (!response.finish_reason().empty()) out.finish_reason = response.finish_reason();
+  }
+  out.status = rpc::ToAbsl(reader->Finish());
+  out.seconds = std::chrono::duration<double>(std::chrono::system_clock::now() - start).count();
+  return out;
+}
+
 absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
   auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
   grpc::ClientContext context;

@@ -27,6 +27,19 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
                                                   const std::vector<TokenId>& prompt_token_ids = {},
                                                   const std::string& request_id = "");
 
+// One Generate stream of prompt token ids, bounded by `deadline_s`, reported
+// whatever its end (the fault campaign accounts for every request): the
+// tokens streamed, the finish reason if one came, the call's status and how
+// long it took.
+struct RemoteStream {
+  std::vector<TokenId> tokens;
+  std::string finish_reason;
+  absl::Status status;
+  double seconds = 0;
+};
+RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId>& prompt_token_ids,
+                            const scheduler::SamplingParams& sampling, double deadline_s);
+
 struct RemoteHealth {
   bool ready = false;
   std::string status;
