@@ -80,8 +80,10 @@ void Campaign::RunCycle(int32_t index, FaultCampaignReport* report) {
   FaultCycle cycle{kind, (index / 3) % stages, 0, 0};
   load_.MarkFault();
   load_.Start();
-  const int64_t busy =
-      std::max<int64_t>(1, std::min<int64_t>(options_.in_flight, options_.cluster.scheduler.max_num_seqs) / 2);
+  // A small KV pool (preemption) bounds how many run at once: a few running
+  // is enough to strike.
+  const int64_t busy = std::clamp<int64_t>(
+      std::min<int64_t>(options_.in_flight, options_.cluster.scheduler.max_num_seqs) / 4, 1, 8);
   if (!PollUntil(options_.wait_s, [&] {
         auto health = QueryHealth(cluster_.target());
         return health.ok() && health->num_running >= busy;

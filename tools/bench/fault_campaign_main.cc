@@ -73,7 +73,8 @@ int Main(int argc, char** argv) {
   FaultCampaignOptions base;
   base.cluster.scheduler.shutdown_grace = 0;
   base.cluster.scheduler.max_num_seqs = 64;
-  base.cluster.worker.kv_cache_memory = int64_t{4} << 20;
+  // About 200 blocks of 16 tokens at PP 1: 64 requests in flight preempt.
+  base.cluster.worker.kv_cache_memory = int64_t{1} << 20;
   base.cluster.worker.threads = 1;
   std::string stages_list = "1,2", log_dir;
   int64_t cycles = 20, in_flight = 64, workload_size = 96, seed = 1;
