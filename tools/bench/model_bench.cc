@@ -1,13 +1,20 @@
 // model_bench: CPU throughput of the default model (SmolLM2-135M, Q4_1
-// weights dequantized to float32) on the CPU backend.
+// weights, the output projection Q8_0) on the CPU backend.
 //
 //   BM_Decode/B      one decode step for B sequences of 128 cached tokens
 //                    (a forward pass of B tokens plus greedy sampling)
-//   BM_Prefill/512   one 512-token prompt in one forward pass
+//   BM_Prefill/N     one N-token prompt in one forward pass
+//   BM_Matmul/W/M/F  one matmul of M rows of x by the model's weight W
+//                    (0: blk.0.ffn_down, 1: blk.0.ffn_up, 2: token_embd, the
+//                    output projection) on the quantized path (F=0) or the
+//                    float path (F=1); bytes_per_second counts weight bytes
+//   BM_ReadBandwidth  the machine's memory read bandwidth (a 256 MiB sum),
+//                    the bound of a batch-1 decode step
 //
 // tokens/s is reported as items_per_second.
 //
 //   build/bin/model_bench --threads=2   (default: 2)
+//   --float-gemm-min-rows=N  CpuBackendOptions::float_gemm_min_rows
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -29,6 +36,7 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kContext = 128;  // tokens already cached per decoding sequence
 int32_t g_threads = 2;
+int64_t g_float_gemm_min_rows = CpuBackendOptions::kDefaultFloatGemmMinRows;
 
 struct Loaded {
   std::unique_ptr<gguf::GgufFile> file;
@@ -46,7 +54,7 @@ Loaded& Model() {
     auto config = gguf::ReadLlamaConfig(*l->file);
     TANDEM_CHECK_OK(config.status());
     l->config = *config;
-    l->backend = std::make_unique<CpuBackend>(g_threads);
+    l->backend = std::make_unique<CpuBackend>(g_threads, CpuBackendOptions{g_float_gemm_min_rows});
     auto model = LlamaModel::Load(*l->file, l->config, l->backend.get(), {});
     TANDEM_CHECK_OK(model.status());
     l->model = std::move(model).value();
@@ -149,7 +157,53 @@ void BM_Prefill(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * tokens);
   state.counters["threads"] = g_threads;
 }
-BENCHMARK(BM_Prefill)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Prefill)->Arg(64)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Matmul(benchmark::State& state) {
+  static const char* const kNames[] = {"blk.0.ffn_down.weight", "blk.0.ffn_up.weight", "token_embd.weight"};
+  Loaded& m = Model();
+  const gguf::GgufTensor* tensor = m.file->FindTensor(kNames[state.range(0)]);
+  TANDEM_CHECK(tensor != nullptr);
+  const auto rows = state.range(1);
+  // A backend of its own: the path is this benchmark's argument.
+  CpuBackend backend(g_threads, CpuBackendOptions{state.range(2) ? 1 : CpuBackendOptions::kDefaultFloatGemmMinRows});
+  auto weight = backend.LoadWeight(*tensor);
+  TANDEM_CHECK_OK(weight.status());
+  std::vector<float> x(rows * weight->cols), y(rows * weight->rows);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  for (auto _ : state) TANDEM_CHECK_OK(backend.Matmul({x.data(), &*weight, rows, y.data()}));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(weight->buffer->size()));
+  state.SetItemsProcessed(state.iterations() * rows);
+  state.SetLabel(kNames[state.range(0)]);
+}
+BENCHMARK(BM_Matmul)
+    ->ArgsProduct({{0, 1, 2}, {1}, {0}})
+    ->ArgsProduct({{0, 1}, {4, 16, 32, 64, 128, 256, 512}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  std::vector<double> data((size_t{256} << 20) / sizeof(double), 1.0);
+  ThreadPool pool(g_threads);
+  std::vector<double> sums(g_threads);
+  for (auto _ : state) {
+    pool.ParallelFor(static_cast<int64_t>(data.size()), 1 << 16, [&](int64_t begin, int64_t end, int32_t t) {
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t i = begin; i + 4 <= end; i += 4) {
+        s0 += data[i];
+        s1 += data[i + 1];
+        s2 += data[i + 2];
+        s3 += data[i + 3];
+      }
+      sums[t] += s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(data.size() * sizeof(double)));
+}
+BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace tandem::worker
@@ -157,6 +211,9 @@ BENCHMARK(BM_Prefill)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) tandem::worker::g_threads = std::atoi(argv[i] + 10);
+    if (std::strncmp(argv[i], "--float-gemm-min-rows=", 22) == 0) {
+      tandem::worker::g_float_gemm_min_rows = std::atoll(argv[i] + 22);
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

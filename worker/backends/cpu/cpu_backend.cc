@@ -42,8 +42,9 @@ absl::Status Invalid(const char* kernel, const std::string& why) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int32_t num_threads)
-    : pool_(num_threads > 0 ? num_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
+CpuBackend::CpuBackend(int32_t num_threads, CpuBackendOptions options)
+    : options_(options),
+      pool_(num_threads > 0 ? num_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
       sampler_scratch_(pool_.num_threads()),
       attention_scratch_(pool_.num_threads()) {}
 
@@ -71,9 +72,19 @@ absl::StatusOr<Weight> CpuBackend::LoadWeight(const gguf::GgufTensor& tensor) {
   Weight w;
   w.cols = tensor.shape[0];
   w.rows = tensor.shape[1];
+  const auto type = static_cast<int32_t>(tensor.type);
+  if (cpu::IsQuantizedFormat(type) && w.cols % 32 == 0) {
+    // Kept as stored: the kernels read the blocks themselves.
+    const size_t bytes = static_cast<size_t>(w.rows * cpu::QuantizedRowBytes(type, w.cols));
+    TANDEM_ASSIGN_OR_RETURN(w.buffer, Allocate(bytes));
+    std::memcpy(w.buffer->data(), tensor.data, bytes);
+    w.format = type;
+    return w;
+  }
   auto buffer = Allocate(static_cast<size_t>(w.rows * w.cols) * sizeof(float));
   if (!buffer.ok()) return buffer.status();
   w.buffer = std::move(buffer).value();
+  w.format = static_cast<int32_t>(gguf::GgmlType::kF32);
   float* out = w.buffer->as<float>();
   const int64_t row_bytes = gguf::RowBytes(tensor.type, w.cols);
   absl::Status status;
@@ -97,18 +108,34 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::LoadVector(const gguf:
 
 absl::Status CpuBackend::Embedding(const EmbeddingParams& p) {
   const int64_t dim = p.table->cols;
-  const float* table = static_cast<const float*>(p.table->buffer->data());
+  const bool quantized = cpu::IsQuantizedFormat(p.table->format);
+  const int64_t row_bytes = quantized ? cpu::QuantizedRowBytes(p.table->format, dim) : dim * int64_t{sizeof(float)};
+  const auto* table = static_cast<const uint8_t*>(p.table->buffer->data());
   for (int32_t i = 0; i < p.num_tokens; ++i) {
     const TokenId id = p.ids[i];
     if (id < 0 || id >= p.table->rows) return Invalid("embedding", absl::StrCat("token id ", id, " out of range"));
-    std::memcpy(p.out + i * dim, table + id * dim, dim * sizeof(float));
+    const uint8_t* row = table + id * row_bytes;
+    if (quantized) {
+      TANDEM_RETURN_IF_ERROR(
+          gguf::DequantizeRow(static_cast<gguf::GgmlType>(p.table->format), row, p.out + i * dim, dim));
+    } else {
+      std::memcpy(p.out + i * dim, row, dim * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
-  cpu::Gemm(pool_, p.x, p.m, static_cast<const float*>(p.w->buffer->data()), p.w->rows, p.w->cols, p.y,
-            p.accumulate);
+  const Weight& w = *p.w;
+  const auto* data = static_cast<const uint8_t*>(w.buffer->data());
+  if (!cpu::IsQuantizedFormat(w.format)) {
+    cpu::Gemm(pool_, p.x, p.m, reinterpret_cast<const float*>(data), w.rows, w.cols, p.y, p.accumulate);
+  } else if (p.m >= options_.float_gemm_min_rows) {
+    cpu::DequantGemm(pool_, p.x, p.m, data, w.format, w.rows, w.cols, p.y, p.accumulate, &dequant_scratch_);
+  } else {
+    cpu::QuantizeRows(pool_, p.x, p.m, w.cols, &quantized_x_);
+    cpu::QuantGemm(pool_, quantized_x_, data, w.format, w.rows, p.y, p.accumulate);
+  }
   return absl::OkStatus();
 }
 

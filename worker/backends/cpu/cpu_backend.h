@@ -1,8 +1,9 @@
 // CpuBackend: the reference backend, multithreaded, runs everywhere. "Device"
 // memory is host memory; kernels run on the thread pool when they are
 // enqueued, so the stream order is program order and every event is complete
-// on return. Weights are dequantized to float32 at load (see README,
-// Performance, for the measurement behind that choice).
+// on return. Q4_0, Q4_1 and Q8_0 weights stay in their GGUF blocks and are
+// multiplied by quant_gemm.h's kernels; other types are expanded to float32
+// at load (see README, Performance, for the measurements).
 //
 // Thread-compatible: driven by one thread; uses its own pool internally.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_BACKEND_H_
@@ -12,15 +13,28 @@
 #include <vector>
 
 #include "worker/backends/backend.h"
+#include "worker/backends/cpu/quant_gemm.h"
 #include "worker/backends/cpu/thread_pool.h"
 #include "worker/backends/cpu/sampler.h"
 
 namespace tandem::worker {
 
+struct CpuBackendOptions {
+  // A matmul on quantized weights with at least this many rows of x expands
+  // the weights to float32 tile by tile (DequantGemm); fewer rows quantize x
+  // to 8 bits (QuantGemm). The float path is faster from about 16 rows on,
+  // but the two paths round differently, so a threshold makes a request's
+  // tokens depend on what else shares its steps (chunked vs whole prefill,
+  // alone vs batched: three of in_process_engine_test's tests fail at 16).
+  // The default keeps every batch on QuantGemm; see README, Performance.
+  int64_t float_gemm_min_rows = kDefaultFloatGemmMinRows;
+  static constexpr int64_t kDefaultFloatGemmMinRows = int64_t{1} << 40;
+};
+
 class CpuBackend : public Backend {
  public:
   // `num_threads` <= 0 uses every hardware thread.
-  explicit CpuBackend(int32_t num_threads);
+  explicit CpuBackend(int32_t num_threads, CpuBackendOptions options = {});
 
   std::string name() const override { return "cpu"; }
   int32_t num_threads() const override { return pool_.num_threads(); }
@@ -46,7 +60,10 @@ class CpuBackend : public Backend {
   absl::Status Sample(const SampleParams& p) override;
 
  private:
+  const CpuBackendOptions options_;
   ThreadPool pool_;
+  cpu::QuantizedRows quantized_x_;                   // Matmul's x, quantized
+  std::vector<std::vector<float>> dequant_scratch_;  // DequantGemm's tiles
   std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
   std::vector<std::vector<float>> attention_scratch_;  // scores, one per pool thread
 };

@@ -59,43 +59,44 @@ __attribute__((target("avx2,fma"))) void RowTiles(const float* x, int64_t k, con
   for (; j < rows; ++j) Tile<MR, 1>(x, k, w + j * k, y + j, ldy, accumulate);
 }
 
-// Rows [w_begin, w_end) of w against every row of x.
-__attribute__((target("avx2,fma"))) void BlockAvx2(const float* x, int64_t m, const float* w, int64_t w_begin,
-                                                    int64_t w_end, int64_t n, int64_t k, float* y,
-                                                    bool accumulate) {
-  const float* wb = w + w_begin * k;
-  const int64_t rows = w_end - w_begin;
+// `rows` rows of w against every row of x; y's rows are `ldy` apart.
+__attribute__((target("avx2,fma"))) void RowsAvx2(const float* x, int64_t m, const float* w, int64_t rows,
+                                                   int64_t k, float* y, int64_t ldy, bool accumulate) {
   int64_t i = 0;
-  for (; i + 3 <= m; i += 3) RowTiles<3>(x + i * k, k, wb, rows, y + i * n + w_begin, n, accumulate);
-  if (m - i == 2) RowTiles<2>(x + i * k, k, wb, rows, y + i * n + w_begin, n, accumulate);
-  if (m - i == 1) RowTiles<1>(x + i * k, k, wb, rows, y + i * n + w_begin, n, accumulate);
+  for (; i + 3 <= m; i += 3) RowTiles<3>(x + i * k, k, w, rows, y + i * ldy, ldy, accumulate);
+  if (m - i == 2) RowTiles<2>(x + i * k, k, w, rows, y + i * ldy, ldy, accumulate);
+  if (m - i == 1) RowTiles<1>(x + i * k, k, w, rows, y + i * ldy, ldy, accumulate);
 }
 
-void BlockPortable(const float* x, int64_t m, const float* w, int64_t w_begin, int64_t w_end, int64_t n,
-                   int64_t k, float* y, bool accumulate) {
+void RowsPortable(const float* x, int64_t m, const float* w, int64_t rows, int64_t k, float* y, int64_t ldy,
+                  bool accumulate) {
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = w_begin; j < w_end; ++j) {
+    for (int64_t j = 0; j < rows; ++j) {
       const float s = Dot(x + i * k, w + j * k, k);
-      y[i * n + j] = accumulate ? y[i * n + j] + s : s;
+      y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
     }
   }
 }
 
 }  // namespace
 
+void GemmRows(const float* x, int64_t m, const float* w, int64_t rows, int64_t k, float* y, int64_t ldy,
+              bool accumulate) {
+  if (UsingAvx2()) {
+    RowsAvx2(x, m, w, rows, k, y, ldy, accumulate);
+  } else {
+    RowsPortable(x, m, w, rows, k, y, ldy, accumulate);
+  }
+}
+
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y,
           bool accumulate) {
   const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
-  const bool avx2 = UsingAvx2();
   pool.ParallelFor(blocks, 1, [&](int64_t begin, int64_t end, int32_t) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t w_begin = b * kRowBlock;
       const int64_t w_end = std::min(n, w_begin + kRowBlock);
-      if (avx2) {
-        BlockAvx2(x, m, w, w_begin, w_end, n, k, y, accumulate);
-      } else {
-        BlockPortable(x, m, w, w_begin, w_end, n, k, y, accumulate);
-      }
+      GemmRows(x, m, w + w_begin * k, w_end - w_begin, k, y + w_begin, n, accumulate);
     }
   });
 }

@@ -21,6 +21,11 @@ namespace tandem::worker::cpu {
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y,
           bool accumulate);
 
+// One thread's part: `rows` rows of w against every row of x, y[i * ldy + j].
+// Each output is computed the same way whatever m is.
+void GemmRows(const float* x, int64_t m, const float* w, int64_t rows, int64_t k, float* y, int64_t ldy,
+              bool accumulate);
+
 }  // namespace tandem::worker::cpu
 
 #endif  // TANDEM_WORKER_BACKENDS_CPU_CPU_GEMM_H_

@@ -1,0 +1,369 @@
+#include "worker/backends/cpu/quant_gemm.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "common/gguf/ggml_types.h"
+#include "worker/backends/cpu/cpu_gemm.h"
+#include "worker/backends/portable/quant.h"
+
+namespace tandem::worker::cpu {
+namespace {
+
+using portable::HalfToFloat;
+using portable::LoadLe16;
+
+constexpr int64_t kBlock = portable::kQuantBlockElements;
+constexpr int64_t kDequantRows = 64;  // weight rows a DequantGemm task expands
+
+int64_t BlockBytes(int32_t type) {
+  switch (type) {
+    case portable::kGgmlQ4_0: return portable::kQ4_0BlockBytes;
+    case portable::kGgmlQ4_1: return portable::kQ4_1BlockBytes;
+    case portable::kGgmlQ8_0: return portable::kQ8_0BlockBytes;
+    default: TANDEM_CHECK(false) << "not a quantized format: " << type; return 0;
+  }
+}
+
+// The 32 integer weights of a block (Q4_1's are 0..15, the others signed).
+void BlockInts(int32_t type, const uint8_t* block, int32_t* out) {
+  if (type == portable::kGgmlQ8_0) {
+    for (int e = 0; e < 32; ++e) out[e] = static_cast<int8_t>(block[2 + e]);
+    return;
+  }
+  const uint8_t* nibbles = block + (type == portable::kGgmlQ4_1 ? 4 : 2);
+  const int32_t offset = type == portable::kGgmlQ4_0 ? 8 : 0;
+  for (int e = 0; e < 16; ++e) {
+    out[e] = (nibbles[e] & 0x0f) - offset;
+    out[e + 16] = (nibbles[e] >> 4) - offset;
+  }
+}
+
+// The AVX2 reduction order: (a0+a4)+(a2+a6) + (a1+a5)+(a3+a7).
+float SumLanes(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+// ---------------------------------------------------------------- AVX2
+
+__attribute__((target("avx2,fma,f16c"))) inline float SumAvx2(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void QuantizeRowAvx2(const float* x, int64_t k, int8_t* q, float* d,
+                                                           float* s) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float max = _mm_cvtss_f32(m4);
+    const float scale = max / 127.0f;
+    const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    __m256i n[4];
+    for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // round to nearest even
+    const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+    sum = _mm_hadd_epi32(sum, sum);
+    sum = _mm_hadd_epi32(sum, sum);
+    // Packing works within 128-bit lanes; the permutation restores the order.
+    const __m256i n16a = _mm256_packs_epi32(n[0], n[1]);
+    const __m256i n16b = _mm256_packs_epi32(n[2], n[3]);
+    const __m256i n8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(n16a, n16b), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlock), n8);
+    d[b] = scale;
+    s[b] = scale * static_cast<float>(_mm_cvtsi128_si32(sum));
+  }
+}
+
+// The 32 weights of a block as bytes: Q4_1 unsigned 0..15, Q4_0 -8..7, Q8_0 as stored.
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i LoadWeights(const uint8_t* block) {
+  if constexpr (kType == portable::kGgmlQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+  } else {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (kType == portable::kGgmlQ4_1 ? 4 : 2)));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    const __m256i nibbles = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+    if constexpr (kType == portable::kGgmlQ4_0) return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+    return nibbles;
+  }
+}
+
+// y[i][j] (+)= dot(x row i0 + i, w row j) for an MR x NR tile.
+template <int32_t kType, int MR, int NR>
+__attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
+                                                   int64_t row_bytes, float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t kBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
+                             : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
+                                                            : portable::kQ4_1BlockBytes;
+  const int64_t nb = x.k / kBlock;
+  const int8_t* xq = x.q.data() + i0 * x.k;
+  const float* xd = x.d.data() + i0 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i xv[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * x.k + b * kBlock));
+    // The pairs' scales d_w * d_x, four weight rows at a time.
+    alignas(16) uint16_t halves[8] = {};
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) halves[j] = LoadLe16(w + j * row_bytes + b * kBytes);
+    const __m128 wd = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(halves)));
+    alignas(16) float scale[MR][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) _mm_store_ps(scale[i], _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* block = w + j * row_bytes + b * kBytes;
+      const __m256i wv = LoadWeights<kType>(block);
+      const __m256i wabs = kType == portable::kGgmlQ4_1 ? wv : _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        // u8 x s8 pairs: the signed weights' signs move onto x.
+        const __m256i xsigned = kType == portable::kGgmlQ4_1 ? xv[i] : _mm256_sign_epi8(xv[i], wv);
+        const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsigned), ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[i][j]), _mm256_cvtepi32_ps(p32), acc[i][j]);
+      }
+    }
+  }
+  // Q4_1's min term: lane j of min[i] accumulates row j's, an fma per block
+  // in block order as in the reference.
+  __m128 min[MR];
+  for (int i = 0; i < MR; ++i) min[i] = _mm_setzero_ps();
+  if constexpr (kType == portable::kGgmlQ4_1) {
+    const float* xsum = x.s.data() + i0 * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(16) uint16_t halves[8] = {};
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) halves[j] = LoadLe16(w + j * row_bytes + b * kBytes + 2);
+      const __m128 m = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(halves)));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) min[i] = _mm_fmadd_ps(m, _mm_set1_ps(xsum[i * nb + b]), min[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    alignas(16) float min_term[4];
+    _mm_store_ps(min_term, min[i]);
+    for (int j = 0; j < NR; ++j) {
+      const float v = SumAvx2(acc[i][j]) + min_term[j];
+      float& out = y[i * ldy + j];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+// Rows [i_begin, i_end) of x against `rows` weight rows, in chunks of x
+// rows that stay in L1 while each group of 4 weight rows passes over them.
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, int64_t i_begin, int64_t i_end,
+                                                        const uint8_t* w, int64_t rows, int64_t row_bytes, float* y,
+                                                        int64_t ldy, bool accumulate) {
+  constexpr int kMR = 3;
+  const int64_t chunk = std::max<int64_t>(kMR, 16384 / x.k / kMR * kMR);
+  for (int64_t c = i_begin; c < i_end; c += chunk) {
+    const int64_t c_end = std::min(i_end, c + chunk);
+    int64_t j = 0;
+    for (; j + 4 <= rows; j += 4) {
+      int64_t i = c;
+      for (; i + kMR <= c_end; i += kMR) {
+        TileAvx2<kType, kMR, 4>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+      }
+      for (; i < c_end; ++i) TileAvx2<kType, 1, 4>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+    }
+    for (; j < rows; ++j) {
+      int64_t i = c;
+      for (; i + kMR <= c_end; i += kMR) {
+        TileAvx2<kType, kMR, 1>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+      }
+      for (; i < c_end; ++i) TileAvx2<kType, 1, 1>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- scalar
+
+void RowsReference(const QuantizedRows& x, int64_t i_begin, int64_t i_end, const uint8_t* w, int32_t type,
+                   int64_t rows, int64_t row_bytes, float* y, int64_t ldy, bool accumulate) {
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    for (int64_t j = 0; j < rows; ++j) {
+      const float v = QuantDotReference(x, i, w + j * row_bytes, type);
+      float& out = y[i * ldy + j];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+using RowsFn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t,
+                        bool);
+
+struct Dispatch {
+  bool avx2 = false;
+  void (*quantize)(const float*, int64_t, int8_t*, float*, float*) = QuantizeRowReference;
+  RowsFn q4_0 = nullptr;
+  RowsFn q4_1 = nullptr;
+  RowsFn q8_0 = nullptr;
+};
+
+// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c").
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+
+const Dispatch& Table() {
+  static const Dispatch table = [] {
+    __builtin_cpu_init();
+    Dispatch t;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c()) {
+      t = {true, QuantizeRowAvx2, RowsAvx2<portable::kGgmlQ4_0>, RowsAvx2<portable::kGgmlQ4_1>,
+           RowsAvx2<portable::kGgmlQ8_0>};
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Weight rows per task: few rows for few rows of x, so that a decode's
+// small matrices still split over every thread.
+int64_t RowsPerTask(int64_t m, int64_t n, int32_t threads) {
+  const int64_t rows = m <= 4 ? 16 : 64;
+  const int64_t balanced = (n + 4 * threads - 1) / (4 * threads);
+  return std::max<int64_t>(4, std::min(rows, (balanced + 3) / 4 * 4));
+}
+
+}  // namespace
+
+bool IsQuantizedFormat(int32_t type) {
+  return type == portable::kGgmlQ4_0 || type == portable::kGgmlQ4_1 || type == portable::kGgmlQ8_0;
+}
+
+int64_t QuantizedRowBytes(int32_t type, int64_t k) { return k / kBlock * BlockBytes(type); }
+
+void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float max = 0.0f;
+    for (int e = 0; e < kBlock; ++e) max = std::max(max, std::fabs(xb[e]));
+    const float scale = max / 127.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[e] * inv));
+      q[b * kBlock + e] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[b] = scale;
+    s[b] = scale * static_cast<float>(sum);
+  }
+}
+
+void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, QuantizedRows* out) {
+  TANDEM_CHECK(k % kBlock == 0) << k;
+  const int64_t nb = k / kBlock;
+  out->m = m;
+  out->k = k;
+  if (out->q.size() < static_cast<size_t>(m * k)) {
+    out->q.resize(m * k);
+    out->d.resize(m * nb);
+    out->s.resize(m * nb);
+  }
+  const auto quantize = Table().quantize;
+  pool.ParallelFor(m, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t i = begin; i < end; ++i) {
+      quantize(x + i * k, k, out->q.data() + i * k, out->d.data() + i * nb, out->s.data() + i * nb);
+    }
+  });
+}
+
+float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row, int32_t type) {
+  const int64_t nb = x.k / kBlock;
+  const int64_t bytes = BlockBytes(type);
+  const int8_t* xq = x.q.data() + i * x.k;
+  float lanes[8] = {};
+  float min_term = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = w_row + b * bytes;
+    int32_t wq[kBlock];
+    BlockInts(type, block, wq);
+    const float scale = HalfToFloat(LoadLe16(block)) * x.d[i * nb + b];
+    for (int l = 0; l < 8; ++l) {
+      int32_t partial = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) partial += wq[e] * xq[b * kBlock + e];
+      lanes[l] = std::fma(scale, static_cast<float>(partial), lanes[l]);
+    }
+  }
+  if (type == portable::kGgmlQ4_1) {
+    for (int64_t b = 0; b < nb; ++b) {
+      min_term = std::fma(HalfToFloat(LoadLe16(w_row + b * bytes + 2)), x.s[i * nb + b], min_term);
+    }
+  }
+  return SumLanes(lanes) + min_term;
+}
+
+void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t type, int64_t n, float* y,
+               bool accumulate) {
+  const int64_t row_bytes = QuantizedRowBytes(type, x.k);
+  const Dispatch& t = Table();
+  const RowsFn rows_fn = type == portable::kGgmlQ4_0 ? t.q4_0 : type == portable::kGgmlQ4_1 ? t.q4_1 : t.q8_0;
+  const int64_t per_task = RowsPerTask(x.m, n, pool.num_threads());
+  const int64_t tasks = (n + per_task - 1) / per_task;
+  pool.ParallelFor(tasks, 1, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t j = task * per_task;
+      const int64_t rows = std::min(per_task, n - j);
+      if (rows_fn != nullptr) {
+        rows_fn(x, 0, x.m, w + j * row_bytes, rows, row_bytes, y + j, n, accumulate);
+      } else {
+        RowsReference(x, 0, x.m, w + j * row_bytes, type, rows, row_bytes, y + j, n, accumulate);
+      }
+    }
+  });
+}
+
+void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, int32_t type, int64_t n, int64_t k,
+                 float* y, bool accumulate, std::vector<std::vector<float>>* scratch) {
+  const int64_t row_bytes = QuantizedRowBytes(type, k);
+  scratch->resize(pool.num_threads());
+  const int64_t tasks = (n + kDequantRows - 1) / kDequantRows;
+  pool.ParallelFor(tasks, 1, [&](int64_t begin, int64_t end, int32_t thread) {
+    std::vector<float>& tile = (*scratch)[thread];
+    tile.resize(kDequantRows * k);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t j = task * kDequantRows;
+      const int64_t rows = std::min(kDequantRows, n - j);
+      for (int64_t r = 0; r < rows; ++r) {
+        // The float path of old: the same values as a weight expanded at load.
+        const absl::Status s = gguf::DequantizeRow(static_cast<gguf::GgmlType>(type), w + (j + r) * row_bytes,
+                                                   tile.data() + r * k, k);
+        TANDEM_CHECK(s.ok()) << s;
+      }
+      GemmRows(x, m, tile.data(), rows, k, y + j, n, accumulate);
+    }
+  });
+}
+
+bool UsingQuantAvx2() { return Table().avx2; }
+
+}  // namespace tandem::worker::cpu

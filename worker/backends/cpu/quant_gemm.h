@@ -1,0 +1,71 @@
+// Matmuls on weights kept in their GGUF quantized blocks (Q4_0, Q4_1, Q8_0;
+// see common/gguf/ggml_types.h for the layouts): y[m x n] = x[m x k] *
+// w[n x k]^T (+ y). A decode step reads the 4.5-bit weights instead of their
+// float32 copies, 7x fewer bytes, which is what batch 1 is bound by.
+//
+// Two ways to compute it:
+//  * QuantGemm quantizes each row of x per 32-element block to int8 with a
+//    float scale (d = max|x| / 127, q = round(x / d)) and sums integer
+//    products block by block, as llama.cpp does (its Q8_0/Q8_1 activations).
+//  * DequantGemm expands 64 weight rows at a time to float32 and runs the
+//    float GEMM on the unquantized x: more arithmetic per weight byte, but
+//    the float GEMM's arithmetic is faster once many rows of x share a tile.
+// CpuBackend uses QuantGemm for every batch by default, so that a row's result
+// never depends on the other rows of its step (see CpuBackendOptions).
+//
+// QuantGemm's result is defined by QuantDotReference, the scalar reference:
+// per block, eight integer partial sums (elements 4l..4l+3 in lane l) are
+// accumulated with fma(d_w * d_x, partial, lane); the lanes are summed
+// pairwise in a fixed order; Q4_1's min term, m_w * d_x * sum(q_x), is
+// accumulated separately with fma in block order and added last. The AVX2
+// kernels compute exactly that, so their results equal the reference bit for
+// bit and do not depend on the rows of x beside a row (batch invariance).
+//
+// Thread-compatible: one caller at a time per pool and per scratch.
+#ifndef TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
+#define TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/backends/cpu/thread_pool.h"
+
+namespace tandem::worker::cpu {
+
+// Whether `ggml_type` is a block format these kernels compute on.
+bool IsQuantizedFormat(int32_t ggml_type);
+// Bytes of one weight row of `k` elements. REQUIRES: IsQuantizedFormat, k % 32 == 0.
+int64_t QuantizedRowBytes(int32_t ggml_type, int64_t k);
+
+// Rows of x quantized per 32-element block. Row i's block b is q[i * k + 32 b
+// ...], scale d[i * k / 32 + b], and s = d * sum(q) of the block.
+struct QuantizedRows {
+  int64_t m = 0;
+  int64_t k = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<float> s;
+};
+
+// Quantizes x [m, k] into `out` (resized as needed). REQUIRES: k % 32 == 0.
+void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, QuantizedRows* out);
+// The scalar definition of a quantized row (used on CPUs without AVX2).
+void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float* s);
+
+// y = x w^T (+ y) on quantized x. w is n rows of QuantizedRowBytes(type, k).
+void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t ggml_type, int64_t n,
+               float* y, bool accumulate);
+// The scalar definition of one output: dot(row `i` of x, weight row `w_row`).
+float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row, int32_t ggml_type);
+
+// y = x w^T (+ y) on float x, expanding `w` to float32 a tile at a time in
+// `scratch` (one vector per pool thread, resized as needed).
+void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, int32_t ggml_type, int64_t n,
+                 int64_t k, float* y, bool accumulate, std::vector<std::vector<float>>* scratch);
+
+// Whether the AVX2 kernels are in use.
+bool UsingQuantAvx2();
+
+}  // namespace tandem::worker::cpu
+
+#endif  // TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_

@@ -1,0 +1,171 @@
+// The quantized-weight kernels: the AVX2 versions (when the CPU has them)
+// equal the scalar reference bit for bit on odd shapes of all three types,
+// their error against float32 stays within what 8-bit activations allow, and
+// the float path equals the float GEMM on weights expanded at load.
+#include "worker/backends/cpu/quant_gemm.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/gguf/ggml_types.h"
+#include "gtest/gtest.h"
+#include "worker/backends/cpu/cpu_gemm.h"
+
+namespace tandem::worker::cpu {
+namespace {
+
+using gguf::GgmlType;
+
+std::vector<float> RandomFloats(std::mt19937& rng, int64_t n, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+// n rows of k random weights, quantized to `type`; `dense` gets their values.
+std::vector<uint8_t> RandomWeights(std::mt19937& rng, GgmlType type, int64_t n, int64_t k, std::vector<float>* dense) {
+  const std::vector<float> f = RandomFloats(rng, n * k, 0.5f);
+  const int64_t row_bytes = gguf::RowBytes(type, k);
+  std::vector<uint8_t> w(n * row_bytes);
+  dense->resize(n * k);
+  for (int64_t r = 0; r < n; ++r) {
+    EXPECT_TRUE(gguf::QuantizeRow(type, f.data() + r * k, w.data() + r * row_bytes, k).ok());
+    EXPECT_TRUE(gguf::DequantizeRow(type, w.data() + r * row_bytes, dense->data() + r * k, k).ok());
+  }
+  return w;
+}
+
+std::vector<float> RandomActivations(std::mt19937& rng, int64_t m, int64_t k) {
+  std::vector<float> x = RandomFloats(rng, m * k, 1.0f);
+  // Outliers, as real activations have, and an all-zero block.
+  for (int64_t i = 0; i < m * k; i += 37) x[i] *= 20.0f;
+  if (k >= 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
+  return x;
+}
+
+class QuantGemmTest : public ::testing::TestWithParam<GgmlType> {
+ protected:
+  int32_t type() const { return static_cast<int32_t>(GetParam()); }
+};
+
+TEST_P(QuantGemmTest, EqualsTheScalarReferenceBitForBit) {
+  std::printf("AVX2 kernels in use: %s\n", UsingQuantAvx2() ? "yes" : "no (the reference runs)");
+  std::mt19937 rng(1);
+  for (int32_t threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (int64_t k : {32, 96, 576}) {
+      for (int64_t m : {1, 2, 3, 5}) {
+        for (int64_t n : {1, 3, 4, 5, 17, 67}) {
+          std::vector<float> dense;
+          const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
+          const std::vector<float> x = RandomActivations(rng, m, k);
+          QuantizedRows xq;
+          QuantizeRows(pool, x.data(), m, k, &xq);
+          for (bool accumulate : {false, true}) {
+            std::vector<float> y(m * n, 0.25f);
+            QuantGemm(pool, xq, w.data(), type(), n, y.data(), accumulate);
+            const int64_t row_bytes = QuantizedRowBytes(type(), k);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                const float dot = QuantDotReference(xq, i, w.data() + j * row_bytes, type());
+                const float want = accumulate ? 0.25f + dot : dot;
+                ASSERT_EQ(std::memcmp(&y[i * n + j], &want, sizeof(float)), 0)
+                    << "m=" << m << " n=" << n << " k=" << k << " (" << i << ", " << j << "): " << y[i * n + j]
+                    << " vs " << want;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(QuantGemmTest, ErrorWithinWhatEightBitActivationsAllow) {
+  // Rounding x to d * q moves each element by at most d / 2 (d = max|x| / 127
+  // of its block), so |y - y_float| <= sum |w| d / 2, plus float rounding.
+  std::mt19937 rng(2);
+  ThreadPool pool(2);
+  const int64_t m = 3, n = 40, k = 576;
+  std::vector<float> dense;
+  const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
+  const std::vector<float> x = RandomActivations(rng, m, k);
+  QuantizedRows xq;
+  QuantizeRows(pool, x.data(), m, k, &xq);
+  std::vector<float> y(m * n);
+  QuantGemm(pool, xq, w.data(), type(), n, y.data(), false);
+  double worst_share = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0, bound = 0, magnitude = 0;
+      for (int64_t e = 0; e < k; ++e) {
+        exact += double{x[i * k + e]} * dense[j * k + e];
+        bound += std::fabs(dense[j * k + e]) * xq.d[i * (k / 32) + e / 32] / 2;
+        magnitude += std::fabs(double{x[i * k + e]} * dense[j * k + e]);
+      }
+      const double err = std::fabs(y[i * n + j] - exact);
+      EXPECT_LE(err, bound + 1e-5 * magnitude) << i << ", " << j;
+      worst_share = std::max(worst_share, err / bound);
+    }
+  }
+  std::printf("largest error: %.2f of the bound\n", worst_share);
+}
+
+TEST_P(QuantGemmTest, FloatPathEqualsTheFloatGemmOfExpandedWeights) {
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t m = 7, n = 131, k = 96;
+  std::vector<float> dense;
+  const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
+  const std::vector<float> x = RandomActivations(rng, m, k);
+  std::vector<float> want(m * n), got(m * n);
+  Gemm(pool, x.data(), m, dense.data(), n, k, want.data(), false);
+  std::vector<std::vector<float>> scratch;
+  DequantGemm(pool, x.data(), m, w.data(), type(), n, k, got.data(), false, &scratch);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantGemmTest, ::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
+                         [](const auto& info) { return std::string(gguf::GgmlTypeName(static_cast<uint32_t>(info.param))); });
+
+TEST(QuantizeRowsTest, EqualsTheScalarReferenceBitForBit) {
+  std::mt19937 rng(4);
+  ThreadPool pool(2);
+  const int64_t m = 9, k = 576;
+  std::vector<float> x = RandomActivations(rng, m, k);
+  x[100] = 0.5f / 127 * 3;  // halfway cases round to even
+  QuantizedRows xq;
+  QuantizeRows(pool, x.data(), m, k, &xq);
+  std::vector<int8_t> q(k);
+  std::vector<float> d(k / 32), s(k / 32);
+  for (int64_t i = 0; i < m; ++i) {
+    QuantizeRowReference(x.data() + i * k, k, q.data(), d.data(), s.data());
+    EXPECT_EQ(std::memcmp(q.data(), xq.q.data() + i * k, k), 0) << i;
+    EXPECT_EQ(std::memcmp(d.data(), xq.d.data() + i * (k / 32), d.size() * sizeof(float)), 0) << i;
+    EXPECT_EQ(std::memcmp(s.data(), xq.s.data() + i * (k / 32), s.size() * sizeof(float)), 0) << i;
+  }
+  EXPECT_EQ(xq.q[32], 0);  // the zero block
+  EXPECT_EQ(xq.d[1], 0.0f);
+}
+
+TEST(QuantGemmEdgeTest, Q8_0WeightOfMinus128) {
+  // GGUF writers emit -127..127, but -128 fits the format: |w| = 128 must
+  // still multiply exactly (the kernel moves signs onto x).
+  ThreadPool pool(1);
+  std::vector<uint8_t> w(34, 0);
+  const uint16_t one = gguf::FloatToHalf(1.0f);
+  std::memcpy(w.data(), &one, 2);
+  for (int e = 0; e < 32; ++e) w[2 + e] = static_cast<uint8_t>(e % 2 ? -128 : 127);
+  std::vector<float> x(32, 1.0f);
+  QuantizedRows xq;
+  QuantizeRows(pool, x.data(), 1, 32, &xq);
+  float y = 0;
+  QuantGemm(pool, xq, w.data(), static_cast<int32_t>(GgmlType::kQ8_0), 1, &y, false);
+  EXPECT_FLOAT_EQ(y, 16 * (127.0f - 128.0f));
+}
+
+}  // namespace
+}  // namespace tandem::worker::cpu
