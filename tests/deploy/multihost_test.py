@@ -250,7 +250,11 @@ def run(bin_dir, deploy_dir, work, net, group):
     lines = [stream.stdout.readline(), stream.stdout.readline()]  # the status, the first event
     assert lines[0].strip() == "200" and lines[1].startswith("data:"), f"the stream did not start: {lines}"
     net.link("worker2", "down")
-    rest, _ = stream.communicate(timeout=60)
+    try:
+        rest, _ = stream.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        stream.kill()
+        raise AssertionError("the request in flight neither failed nor ended within 30 s of the partition")
     events = [l for l in rest.splitlines() if l.startswith("data:")]
     errors = [l for l in events if '"error"' in l]
     assert errors and "worker rank 2" in errors[0], f"the request did not fail clearly: {events[-3:]}"
