@@ -273,6 +273,27 @@ def run(bin_dir, deploy_dir, work, net, group):
           f"time(s), the others once")
 
 
+def remove_stale_namespaces():
+    """What an earlier run killed with SIGKILL (a ctest timeout) could not remove:
+    namespaces named by this test whose process is gone, and what runs in them."""
+    for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
+        m = re.match(r"(tdm(\d+)-[a-z0-9]+)", line)
+        if not m:
+            continue
+        try:
+            with open(f"/proc/{m.group(2)}/cmdline", "rb") as f:
+                if b"multihost_test" in f.read():
+                    continue  # a run in progress
+        except OSError:
+            pass
+        for pid in sh("ip", "netns", "pids", m.group(1), check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sh("ip", "netns", "del", m.group(1), check=False)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         client(sys.argv[2:])
@@ -285,6 +306,7 @@ def main():
         print("SKIP: kubectl is not installed (the test runs the arguments of the built lws overlay)")
         return 77
     os.makedirs(work, exist_ok=True)
+    remove_stale_namespaces()
     net = Net(f"tdm{os.getpid() % 100000}")
     probe = f"{net.tag}-probe"
     if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
