@@ -10,6 +10,11 @@
 //                    float path (F=1); bytes_per_second counts weight bytes
 //   BM_ReadBandwidth  the machine's memory read bandwidth (a 256 MiB sum),
 //                    the bound of a batch-1 decode step
+//   BM_ParallelForOverhead  one ParallelFor of empty chunks: the cost of
+//                    waking the pool, paid about 450 times per step
+//   BM_ComputeScaling  a fixed amount of register-only FMA work split over
+//                    the pool: 2 threads take half the time of 1 only if the
+//                    two CPUs are two cores (not SMT siblings, not shared)
 //
 // tokens/s is reported as items_per_second.
 //
@@ -204,6 +209,38 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(data.size() * sizeof(double)));
 }
 BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ParallelForOverhead(benchmark::State& state) {
+  ThreadPool pool(g_threads);
+  std::vector<int64_t> hits(g_threads);
+  for (auto _ : state) {
+    pool.ParallelFor(2 * g_threads, 1, [&](int64_t begin, int64_t end, int32_t t) { hits[t] += end - begin; });
+  }
+  benchmark::DoNotOptimize(hits.data());
+}
+BENCHMARK(BM_ParallelForOverhead)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_ComputeScaling(benchmark::State& state) {
+  ThreadPool pool(g_threads);
+  constexpr int64_t kItems = 64;
+  std::vector<float> out(kItems);
+  for (auto _ : state) {
+    pool.ParallelFor(kItems, 1, [&](int64_t begin, int64_t end, int32_t) {
+      for (int64_t item = begin; item < end; ++item) {
+        float a = 1.0f + item, b = 0.5f, c = 0.25f, d = 0.125f;
+        for (int i = 0; i < 1000000; ++i) {  // four independent chains
+          a = a * 0.999999f + 1e-7f;
+          b = b * 0.999999f + 1e-7f;
+          c = c * 0.999999f + 1e-7f;
+          d = d * 0.999999f + 1e-7f;
+        }
+        out[item] = a + b + c + d;
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_ComputeScaling)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace tandem::worker

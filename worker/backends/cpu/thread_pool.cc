@@ -1,6 +1,9 @@
 #include "worker/backends/cpu/thread_pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <chrono>
 
 namespace tandem::worker {
 
@@ -11,10 +14,20 @@ ThreadPool::ThreadPool(int32_t num_threads) : num_threads_(std::max(1, num_threa
 ThreadPool::~ThreadPool() {
   {
     absl::MutexLock lock(&mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.SignalAll();
   for (std::thread& t : threads_) t.join();
+}
+
+template <typename Ready>
+bool ThreadPool::Spin(Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(kSpin);
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    _mm_pause();
+    if (i % 16 == 15 && std::chrono::steady_clock::now() >= deadline) return ready();
+  }
 }
 
 void ThreadPool::RunChunks(int32_t thread) {
@@ -28,15 +41,18 @@ void ThreadPool::RunChunks(int32_t thread) {
 void ThreadPool::WorkerLoop(int32_t thread) {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto news = [&] { return stop_.load() || generation_.load(std::memory_order_acquire) != seen; };
+    if (!Spin(news)) {
       absl::MutexLock lock(&mu_);
-      while (!stop_ && generation_ == seen) wake_.Wait(&mu_);
-      if (stop_) return;
-      seen = generation_;
+      while (!news()) wake_.Wait(&mu_);
     }
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
     RunChunks(thread);
-    absl::MutexLock lock(&mu_);
-    if (--busy_ == 0) done_.Signal();
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      absl::MutexLock lock(&mu_);
+      done_.Signal();
+    }
   }
 }
 
@@ -54,15 +70,18 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   count_ = count;
   chunk_ = (count + chunks - 1) / chunks;
   next_.store(0, std::memory_order_relaxed);
+  busy_.store(num_threads_ - 1, std::memory_order_relaxed);
   {
     absl::MutexLock lock(&mu_);
-    busy_ = num_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  wake_.SignalAll();
+  wake_.SignalAll();  // cheap when every thread is still spinning
   RunChunks(0);
-  absl::MutexLock lock(&mu_);
-  while (busy_ != 0) done_.Wait(&mu_);
+  auto done = [&] { return busy_.load(std::memory_order_acquire) == 0; };
+  if (!Spin(done)) {
+    absl::MutexLock lock(&mu_);
+    while (!done()) done_.Wait(&mu_);
+  }
   fn_ = nullptr;
 }
 
