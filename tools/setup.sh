@@ -15,6 +15,7 @@ packages=(
   libboost-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
+  openssl  # certificates for grpc_tls_test
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -3,6 +3,12 @@
 namespace tandem::rpc {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcOptions& options) {
+  return MakeChannel(target, grpc::InsecureChannelCredentials(), options);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                           const RpcOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -10,7 +16,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcO
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, std::move(credentials), args);
 }
 
 void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options) {

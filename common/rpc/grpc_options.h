@@ -24,6 +24,10 @@ struct RpcOptions {
 };
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcOptions& options = {});
+// The same with these credentials (tls_credentials.h) instead of plaintext.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                           const RpcOptions& options = {});
 void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options = {});
 
 absl::Status ToAbsl(const grpc::Status& status);

@@ -171,6 +171,7 @@ int Main(int argc, char** argv) {
                    "The scheduler process: serves the OpenAI-compatible HTTP API and the gRPC Generate API,\n"
                    "plans every step and streams it to the worker processes that register with it.");
   f.Register(&flags);
+  f.RegisterTls(&flags);
   listen.Register(&flags);
   bool check_flags = false;  // a manifest's command line, checked without the model
   flags.AddBool("check-flags", &check_flags, "check every flag and exit (0: accepted) without reading the model");
@@ -219,13 +220,15 @@ int Main(int argc, char** argv) {
   engine = std::make_unique<ServingEngine>(config, &group, observers, model->config.context_length, serving);
   engine->set_listener(&metrics);
   auto grpc_server =
-      SchedulerServer::Start(listen.host, static_cast<int>(listen.port), &group, engine.get(), model->tokenizer.get());
+      SchedulerServer::Start(listen.host, static_cast<int>(listen.port), &group, engine.get(), model->tokenizer.get(),
+                             f.tls);
   if (!grpc_server.ok()) return Fail(std::string(grpc_server.status().message()));
   health.store(grpc_server->get());
   (*grpc_server)->PublishHealth();
   WritePortFile(listen.port_file, (*grpc_server)->port());
-  std::fprintf(stderr, "tandem-scheduler: listening on %s:%d for %lld worker(s); model %s\n", listen.host.c_str(),
-               (*grpc_server)->port(), static_cast<long long>(f.pipeline_parallel_size), model->config.name.c_str());
+  std::fprintf(stderr, "tandem-scheduler: listening on %s:%d%s for %lld worker(s); model %s\n", listen.host.c_str(),
+               (*grpc_server)->port(), f.tls.enabled() ? " (mutual TLS)" : "",
+               static_cast<long long>(f.pipeline_parallel_size), model->config.name.c_str());
   engine->Start();
 
   std::optional<HttpApi> http_api;

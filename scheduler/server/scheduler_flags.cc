@@ -38,7 +38,10 @@ void SchedulerFlags::Register(FlagParser* flags) {
                    "(0: stop at once; a second signal ends the wait)");
 }
 
+void SchedulerFlags::RegisterTls(FlagParser* flags) { tls.Register(flags, "workers'"); }
+
 absl::Status SchedulerFlags::Validate() const {
+  if (absl::Status s = tls.Validate(); !s.ok()) return s;
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
   if (!(queue_timeout >= 0)) return absl::InvalidArgumentError("flag --queue-timeout must not be negative");

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/default_model.h"
 #include "common/flags.h"
+#include "common/rpc/tls_files.h"
 #include "scheduler/core/engine_config.h"
 
 namespace tandem::scheduler {
@@ -41,9 +42,16 @@ struct SchedulerFlags {
   int64_t http_threads = 2;
   double http_request_timeout = 30;  // seconds from a request's first byte to its last
   double shutdown_grace = 30;  // seconds
+  // Mutual TLS on the gRPC port (--tls-cert, --tls-key, --tls-ca): workers
+  // must present a certificate --tls-ca signed. Registered by RegisterTls,
+  // not Register: `tandem serve` keeps its processes on one machine and does
+  // not take them; ToArgs does not forward them.
+  rpc::TlsFiles tls;
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);
+  // The --tls-* flags (tandem-scheduler only).
+  void RegisterTls(FlagParser* flags);
   // What can be checked before the model is read: the ranges the parser
   // does not know and the engine configuration, but for the pool size.
   // InvalidArgument naming the flag.

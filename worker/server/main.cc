@@ -21,8 +21,10 @@
 #include "common/default_model.h"
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
+#include "common/rpc/tls_credentials.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
 #include "worker/server/grpc/health_server.h"
+#include "worker/server/grpc/scheduler_dial.h"
 #include "worker/server/worker_flags.h"
 #include "worker/server/worker_server.h"
 
@@ -89,7 +91,20 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "tandem-worker %d: layers [%d, %d) of %d on %s, room for %d KV blocks; dialing %s\n",
                registration.rank(), registration.first_layer(), registration.end_layer(), registration.num_layers(),
                registration.device().c_str(), registration.max_kv_blocks(), scheduler.c_str());
-  auto channel = tandem::rpc::MakeChannel(scheduler);
+  auto credentials = tandem::rpc::MakeChannelCredentials(p.tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "tandem-worker %lld: %s\n", static_cast<long long>(rank),
+                 std::string(credentials.status().message()).c_str());
+    return 1;
+  }
+  auto channel = tandem::rpc::MakeChannel(scheduler, *credentials);
+  // A scheduler that refuses this worker's certificate (or whose own this
+  // worker refuses) would leave the stream below waiting for ever.
+  if (absl::Status dial = tandem::worker::AwaitScheduler(channel, scheduler, p.tls.enabled()); !dial.ok()) {
+    std::fprintf(stderr, "tandem-worker %lld: %s; exiting\n", static_cast<long long>(rank),
+                 std::string(dial.message()).c_str());
+    return 1;
+  }
   auto stub = tandem::v1::WorkerControl::NewStub(channel);
   tandem::worker::GrpcSchedulerLink link(stub.get(), server->get(), [&health](bool in_group) {
     if (health) health->SetServing("", in_group);

@@ -64,6 +64,7 @@ void WorkerPlacementFlags::Register(FlagParser* flags) {
                 "serve the standard gRPC health service (grpc.health.v1) on 0.0.0.0:PORT for Kubernetes' grpc "
                 "probes (-1: none)",
                 -1, 65535);
+  tls.Register(flags, "scheduler's");
   flags->AddBool("check-flags", &check_flags, "check every flag and exit (0: accepted) without reading the model");
 }
 
@@ -89,7 +90,7 @@ absl::Status WorkerPlacementFlags::Validate() const {
   if (comm_port != 0 && comm_port == health_port) {
     return absl::InvalidArgumentError("flags --comm-port and --health-port must differ");
   }
-  return absl::OkStatus();
+  return tls.Validate();
 }
 
 }  // namespace tandem::worker

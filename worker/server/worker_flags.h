@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "common/flags.h"
+#include "common/rpc/tls_files.h"
 
 namespace tandem::worker {
 
@@ -59,6 +60,9 @@ struct WorkerFlags {
 //                     port; a NetworkPolicy needs a fixed one)
 //   --health-port N   the standard gRPC health service (grpc.health.v1,
 //                     Kubernetes' grpc probes) on 0.0.0.0:N; -1: none
+//   --tls-cert/--tls-key/--tls-ca  mutual TLS to the scheduler (a Secret's
+//                     files): this worker's certificate and key, and the CA
+//                     that signs the scheduler's (tls_files.h)
 struct WorkerPlacementFlags {
   std::string scheduler = "127.0.0.1:50051";
   int64_t rank = 0;
@@ -67,13 +71,14 @@ struct WorkerPlacementFlags {
   std::string comm_host = "127.0.0.1";
   int64_t comm_port = 0;
   int64_t health_port = -1;
+  rpc::TlsFiles tls;
   // Parse and validate every flag, then exit (0, or 2 with the message)
   // without reading the model: checks a manifest's command line.
   bool check_flags = false;
 
   void Register(FlagParser* flags);
   // InvalidArgument naming the flag: the rank within the world size, a
-  // HOST:PORT scheduler address.
+  // HOST:PORT scheduler address, the TLS files (all three or none, readable).
   absl::Status Validate() const;
 };
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_options.h"
+#include "common/rpc/tls_credentials.h"
 #include "scheduler/server/grpc/grpc_generate_service.h"
 #include "scheduler/server/grpc/grpc_worker_service.h"
 
@@ -14,14 +15,17 @@ namespace tandem::scheduler {
 
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const std::string& host, int port,
                                                                         WorkerGroup* group, ServingEngine* engine,
-                                                                        const Tokenizer* tokenizer) {
+                                                                        const Tokenizer* tokenizer,
+                                                                        const rpc::TlsFiles& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = rpc::MakeServerCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);  // process-wide, before the build
   std::unique_ptr<SchedulerServer> s(new SchedulerServer());
   s->group_ = group;
   s->worker_service_ = std::make_unique<GrpcWorkerService>(group);
   s->generate_service_ = std::make_unique<GrpcGenerateService>(engine, tokenizer, group);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
   rpc::ConfigureServer(&builder);
   builder.RegisterService(s->worker_service_.get());
   builder.RegisterService(s->generate_service_.get());

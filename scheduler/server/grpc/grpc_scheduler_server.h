@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/tls_files.h"
 #include "common/tokenizer/tokenizer.h"
 #include "scheduler/wire/worker_group.h"
 #include "scheduler/server/serving_engine.h"
@@ -30,10 +31,13 @@ class GrpcGenerateService;
 
 class SchedulerServer {
  public:
-  // Listens on host:port (0: any free port). The others must outlive it.
+  // Listens on host:port (0: any free port), with mutual TLS when `tls` is
+  // set (every client, workers and Generate callers, then needs a
+  // certificate its CA signed). The others must outlive it.
   static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const std::string& host, int port,
                                                                 WorkerGroup* group, ServingEngine* engine,
-                                                                const Tokenizer* tokenizer);
+                                                                const Tokenizer* tokenizer,
+                                                                const rpc::TlsFiles& tls = {});
   ~SchedulerServer();
 
   int port() const { return port_; }

@@ -1,0 +1,37 @@
+#include "common/rpc/tls_files.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::rpc {
+
+void TlsFiles::Register(FlagParser* flags, const std::string& peer) {
+  flags->AddString("tls-cert", &cert,
+                   "PEM certificate this process presents on the scheduler<->worker gRPC port (mutual TLS; with "
+                   "--tls-key and --tls-ca, or none of them: plaintext)");
+  flags->AddString("tls-key", &key, "PEM private key of --tls-cert");
+  flags->AddString("tls-ca", &ca, absl::StrCat("PEM CA certificate(s) that must sign the ", peer, " certificates"));
+}
+
+absl::Status TlsFiles::Validate() const {
+  if (!enabled()) return absl::OkStatus();
+  const std::pair<const char*, const std::string*> files[] = {{"tls-cert", &cert}, {"tls-key", &key}, {"tls-ca", &ca}};
+  for (const auto& [name, path] : files) {
+    if (path->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, " is missing: --tls-cert, --tls-key and --tls-ca go together"));
+    }
+    if (path->find("$(") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " has an unresolved variable: '", *path, "'"));
+    }
+    std::ifstream in(*path);
+    if (!in || in.peek() == std::ifstream::traits_type::eof()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, ": cannot read '", *path, "' (missing, unreadable or empty)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::rpc

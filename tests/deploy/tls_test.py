@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Mutual TLS between a real tandem-scheduler and tandem-worker on 127.0.0.1, with
+a CA and certificates made here by openssl (what a Kubernetes Secret would mount):
+
+  --tls-* flags: all three or none, each a readable file, refused naming the flag
+  a worker whose certificate another CA signed: refused by the scheduler (its log
+      says the handshake failed), the worker exits 1 naming TLS
+  a worker that does not trust the scheduler's CA: exits 1 naming the TLS handshake
+  the scheduler stays up and a worker with a good certificate forms the group:
+      /ready answers 200 and a completion comes back
+
+Usage: tls_test.py BIN_DIR WORK_DIR. Bounded: about 10 s; every wait has a deadline.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+BIN, WORK = sys.argv[1], sys.argv[2]
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+
+def make_ca(name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{WORK}/{name}.key", "-out", f"{WORK}/{name}.crt", "-days", "2", "-subj", f"/CN={name}")
+
+
+def make_leaf(name, ca, san):
+    base = f"{WORK}/{name}"
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{base}.key",
+            "-out", f"{base}.csr", "-subj", f"/CN={name}")
+    with open(f"{base}.ext", "w") as f:
+        f.write(f"subjectAltName={san}\n")
+    openssl("x509", "-req", "-in", f"{base}.csr", "-CA", f"{WORK}/{ca}.crt", "-CAkey", f"{WORK}/{ca}.key",
+            "-CAcreateserial", "-out", f"{base}.crt", "-days", "2", "-extfile", f"{base}.ext")
+
+
+def tls_flags(leaf, ca):
+    return [f"--tls-cert={WORK}/{leaf}.crt", f"--tls-key={WORK}/{leaf}.key", f"--tls-ca={WORK}/{ca}.crt"]
+
+
+def wait_for(what, predicate, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def check(what, condition, detail=""):
+    if not condition:
+        raise AssertionError(f"{what}: {detail}")
+    print(f"ok: {what}")
+
+
+def check_flags():
+    """--check-flags with broken --tls-* sets: exit 2 naming the flag."""
+    cert, key, ca = f"{WORK}/worker.crt", f"{WORK}/worker.key", f"{WORK}/ca.crt"
+    cases = [
+        ("no --tls-ca", [f"--tls-cert={cert}", f"--tls-key={key}"], "--tls-ca"),
+        ("no --tls-key", [f"--tls-cert={cert}", f"--tls-ca={ca}"], "--tls-key"),
+        ("a missing CA file", [f"--tls-cert={cert}", f"--tls-key={key}", f"--tls-ca={WORK}/absent.crt"], "--tls-ca"),
+        ("an unresolved $(CERT)", ["--tls-cert=$(CERT)", f"--tls-key={key}", f"--tls-ca={ca}"], "--tls-cert"),
+    ]
+    for binary in ("tandem-scheduler", "tandem-worker"):
+        for why, args, flag in cases:
+            r = subprocess.run([f"{BIN}/{binary}", "--check-flags", *args], capture_output=True, text=True, timeout=30)
+            check(f"{binary} refuses {why}, naming {flag}",
+                  r.returncode == 2 and flag in r.stderr, f"rc {r.returncode}, {r.stderr!r}")
+        r = subprocess.run([f"{BIN}/{binary}", "--check-flags", *tls_flags("worker", "ca")], capture_output=True,
+                           text=True, timeout=30)
+        check(f"{binary} accepts all three", r.returncode == 0, r.stderr)
+
+
+def ready(http_port):
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=2).status == 200
+    except Exception:
+        return False
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    model = f"{WORK}/tiny.gguf"
+    subprocess.run([f"{BIN}/tandem", "make-model", f"--output={model}"], check=True, capture_output=True)
+    make_ca("ca")
+    make_ca("other")
+    make_leaf("scheduler", "ca", "IP:127.0.0.1")
+    make_leaf("worker", "ca", "DNS:worker")
+    make_leaf("rogue", "other", "DNS:worker")
+    check_flags()
+
+    port_file, http_port_file = f"{WORK}/port", f"{WORK}/http_port"
+    procs = []
+
+    def worker(name, leaf, ca):
+        p = subprocess.Popen([f"{BIN}/tandem-worker", f"--model={model}", f"--scheduler=127.0.0.1:{grpc_port}",
+                              "--kv-cache-memory=64MiB", "--threads=1", *tls_flags(leaf, ca)],
+                             stderr=open(f"{WORK}/{name}.log", "w"))
+        procs.append(p)
+        return p
+
+    try:
+        scheduler = subprocess.Popen([f"{BIN}/tandem-scheduler", f"--model={model}", "--port=0",
+                                      f"--port-file={port_file}", "--http-port=0",
+                                      f"--http-port-file={http_port_file}", *tls_flags("scheduler", "ca")],
+                                     stderr=open(f"{WORK}/scheduler.log", "w"))
+        procs.append(scheduler)
+        wait_for("the scheduler's ports", lambda: os.path.exists(http_port_file) and os.path.getsize(http_port_file))
+        grpc_port = int(open(port_file).read())
+        http_port = int(open(http_port_file).read())
+
+        # Both refusals at once: each takes a few of gRPC's reconnect attempts.
+        rogue = worker("rogue", "rogue", "ca")
+        distrustful = worker("distrustful", "worker", "other")
+        for name, p in (("rogue", rogue), ("distrustful", distrustful)):
+            code = p.wait(timeout=30)
+            log = open(f"{WORK}/{name}.log").read()
+            check(f"the {name} worker exits 1 naming TLS", code == 1 and "TLS" in log, f"rc {code}, log {log!r}")
+        check("the distrustful worker names the failed handshake",
+              "TLS handshake" in open(f"{WORK}/distrustful.log").read())
+        scheduler_log = open(f"{WORK}/scheduler.log").read()
+        check("the scheduler's log says it refused a handshake", "Handshake failed" in scheduler_log, scheduler_log)
+        check("the scheduler is still up and not ready", scheduler.poll() is None and not ready(http_port))
+
+        good = worker("good", "worker", "ca")
+        wait_for("the group formed over TLS", lambda: ready(http_port) or good.poll() is not None)
+        check("a worker with a good certificate forms the group", ready(http_port),
+              open(f"{WORK}/good.log").read())
+        body = json.dumps({"model": "tiny", "prompt": "a b c", "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(request, timeout=30))
+        check("a generation over TLS", answer["usage"]["completion_tokens"] == 4, answer)
+        print("1 passed, 0 failed")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+if __name__ == "__main__":
+    main()

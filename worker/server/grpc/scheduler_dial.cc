@@ -1,0 +1,77 @@
+#include "worker/server/grpc/scheduler_dial.h"
+
+#include <chrono>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+namespace tandem::worker {
+namespace {
+
+// One Check, failing at once (no wait_for_ready) when the channel cannot
+// connect; gRPC puts the last connection error in the message.
+grpc::Status CheckOnce(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice empty;  // an empty HealthCheckRequest: service ""
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return status;
+}
+
+bool IsTlsFailure(const grpc::Status& status) {
+  const std::string message = absl::AsciiStrToLower(status.error_message());
+  for (const char* sign : {"handshake", "ssl", "tls", "certificate"}) {
+    if (absl::StrContains(message, sign)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status AwaitScheduler(const std::shared_ptr<grpc::Channel>& channel, const std::string& target, bool tls) {
+  // Under TLS 1.3 the client's handshake ends before the server checks the
+  // client's certificate: a refused worker sees only the socket closed.
+  // A scheduler that is going away closes sockets too, once; one that
+  // refuses closes every attempt's.
+  constexpr int kClosedAttemptsToRefuse = 5;
+  int closed = 0;
+  for (;;) {
+    const grpc::Status status = CheckOnce(channel);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return absl::OkStatus();  // it answered
+    const std::string message = status.error_message();
+    if (tls && IsTlsFailure(status)) {
+      return absl::UnavailableError(absl::StrCat(
+          "TLS handshake with the scheduler at ", target, " failed (", message,
+          "): this worker's --tls-ca must sign the scheduler's certificate, which must name the host of ", target));
+    }
+    closed = tls && absl::StrContains(absl::AsciiStrToLower(message), "socket closed") ? closed + 1 : 0;
+    if (closed >= kClosedAttemptsToRefuse) {
+      return absl::UnavailableError(absl::StrCat(
+          "the scheduler at ", target, " closed every TLS handshake (", message,
+          "): it refuses this worker's certificate; the scheduler's --tls-ca must sign --tls-cert"));
+    }
+    // Not up yet, or refusing: wait for the channel's next attempt (gRPC's
+    // backoff); the bound keeps counting when the state stays put.
+    const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    if (state != GRPC_CHANNEL_READY) {
+      channel->WaitForStateChange(state, std::chrono::system_clock::now() + std::chrono::seconds(1));
+    }
+  }
+}
+
+}  // namespace tandem::worker
