@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Offline validation of deploy/kubernetes/ (the deploy_manifests ctest).
 
-For every overlay, and each overlay with the model-volume component:
+For every overlay, and each overlay with the model-volume component (and the
+lws and statefulset overlays with the tls component, given a Secret made here
+with openssl, its mount path mapped to those files for --check-flags):
   1. `kubectl kustomize` builds it;
   2. every object is validated strictly (unknown fields and wrong types fail)
      against the Kubernetes 1.32 schemas (PyPI kubernetes-validate), and a
@@ -43,6 +45,9 @@ except ImportError as e:  # pragma: no cover - the skip path
 K8S_VERSION = "1.32.0"
 OVERLAYS = ["single-node", "lws", "lws-gpu", "statefulset"]
 WITH_COMPONENT = ["single-node", "lws", "statefulset"]  # lws-gpu has it already
+WITH_TLS = ["lws", "statefulset"]  # single-node's processes share a pod
+TLS_MOUNT = "/etc/tandem/tls/"  # components/tls; --check-flags reads TLS_FILES instead
+TLS_FILES = {}  # set by main: the directory of the test's certificates
 LWS_CRD = "schemas/leaderworkerset-crd-v0.9.0.yaml"
 LWS_VARS = ("LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 VAR = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -443,7 +448,8 @@ def check_ranks(workers, problems):
 def check_command_lines(bin_dir, tandems, problems):
     accepted = 0
     for t in tandems:
-        r = subprocess.run([os.path.join(bin_dir, t.program), "--check-flags"] + t.args,
+        args = [a.replace(TLS_MOUNT, TLS_FILES.get("dir", TLS_MOUNT)) for a in t.args]
+        r = subprocess.run([os.path.join(bin_dir, t.program), "--check-flags"] + args,
                            capture_output=True, text=True, timeout=20)
         if r.returncode != 0:
             problems.append(f"{t.pod.where}: container {t.c['name']}: {t.program} refuses its arguments: "
@@ -467,6 +473,11 @@ def check_build(directory, overlay, bin_dir, validators):
     if problems:
         return problems, ""  # the wiring checks read fields of the types the schemas promise
     tandems = check_wiring(overlay, objects, problems)
+    if overlay.endswith("+tls"):
+        for t in tandems:
+            missing = [f for f in ("tls-cert", "tls-key", "tls-ca") if not t.flags.get(f, "").startswith(TLS_MOUNT)]
+            if missing:
+                problems.append(f"{t.pod.where}: container {t.c['name']}: no --{', --'.join(missing)} under {TLS_MOUNT}")
     accepted = check_command_lines(bin_dir, tandems, problems)
     kinds = sorted({o["kind"] for o in objects})
     return problems, (f"{len(objects)} objects ({', '.join(kinds)}) valid and wired; "
@@ -480,6 +491,35 @@ def with_component(work, deploy_dir, overlay):
         yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                         "resources": [os.path.relpath(os.path.join(deploy_dir, "overlays", overlay), d)],
                         "components": [os.path.relpath(os.path.join(deploy_dir, "components", "model-volume"), d)]},
+                       f)
+    return d
+
+
+def make_tls_files(work):
+    """A CA and one certificate signed by it (what a user puts in the Secret tandem-tls)."""
+    d = os.path.join(work, "tls") + "/"
+    os.makedirs(d, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (["req", "-x509", *ec, "-keyout", d + "ca.key", "-out", d + "ca.crt", "-days", "2", "-subj", "/CN=ca"],
+                 ["req", "-x509", *ec, "-keyout", d + "tls.key", "-out", d + "tls.crt", "-days", "2",
+                  "-subj", "/CN=tandem", "-CA", d + "ca.crt", "-CAkey", d + "ca.key",
+                  "-addext", "subjectAltName=DNS:tandem-scheduler-internal,IP:127.0.0.1"]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+    TLS_FILES["dir"] = d
+
+
+def with_tls(work, deploy_dir, overlay):
+    d = os.path.join(work, f"{overlay}+tls")
+    os.makedirs(d, exist_ok=True)
+    for n in ("tls.crt", "tls.key", "ca.crt"):  # kustomize reads files only below the kustomization
+        shutil.copy(os.path.join(TLS_FILES["dir"], n), d)
+    with open(os.path.join(d, "kustomization.yaml"), "w") as f:
+        yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                        "resources": [os.path.relpath(os.path.join(deploy_dir, "overlays", overlay), d)],
+                        "components": [os.path.relpath(os.path.join(deploy_dir, "components", "tls"), d)],
+                        # The name as a user's Secret has it (kustomize would not rename it in a LeaderWorkerSet).
+                        "generatorOptions": {"disableNameSuffixHash": True},
+                        "secretGenerator": [{"name": "tandem-tls", "files": ["tls.crt", "tls.key", "ca.crt"]}]},
                        f)
     return d
 
@@ -547,6 +587,11 @@ def main():
     passed = failed = 0
     builds = [(os.path.join(deploy_dir, "overlays", o), o) for o in OVERLAYS]
     builds += [(with_component(work, deploy_dir, o), o + "+model-volume") for o in WITH_COMPONENT]
+    if shutil.which("openssl"):
+        make_tls_files(work)
+        builds += [(with_tls(work, deploy_dir, o), o + "+tls") for o in WITH_TLS]
+    else:
+        print("note: openssl is not installed: the tls component is not checked")
     for directory, overlay in builds:
         problems, summary = check_build(directory, overlay, bin_dir, validators)
         if problems:
