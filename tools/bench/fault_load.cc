@@ -67,6 +67,10 @@ void FaultLoad::Client() {
   }
 }
 
+void FaultLoad::AddExample(const std::string& what) {
+  if (tally_.examples.size() < kMaxExamples) tally_.examples.push_back(what);
+}
+
 void FaultLoad::RunOne(const FaultRequest& request, bool after_recovery) {
   // A channel per request, as separate clients would have: a fault on one
   // connection cannot hold the others.
@@ -74,9 +78,6 @@ void FaultLoad::RunOne(const FaultRequest& request, bool after_recovery) {
   const bool prefix = IsPrefix(got.tokens, request.expected_tokens);
   const std::string code = absl::StatusCodeToString(got.status.code());
   absl::MutexLock lock(&mu_);
-  auto example = [&](const std::string& what) {
-    if (tally_.examples.size() < kMaxExamples) tally_.examples.push_back(what);
-  };
   if (got.status.ok() && got.finish_reason == request.expected_finish && got.tokens == request.expected_tokens) {
     ++tally_.completed;
     if (after_recovery) ++completed_since_recovery_;
@@ -88,7 +89,7 @@ void FaultLoad::RunOne(const FaultRequest& request, bool after_recovery) {
   if (client_deadline || (got.status.ok() && got.finish_reason.empty()) ||
       (!got.status.ok() && got.status.message().empty())) {
     ++tally_.lost;
-    example(absl::StrCat("lost after ", got.seconds, " s with ", got.tokens.size(), " tokens: ", code, " '",
+    AddExample(absl::StrCat("lost after ", got.seconds, " s with ", got.tokens.size(), " tokens: ", code, " '",
                          got.status.message(), "', finish '", got.finish_reason, "'"));
     return;
   }
@@ -96,7 +97,7 @@ void FaultLoad::RunOne(const FaultRequest& request, bool after_recovery) {
     // Ended normally with other tokens or another finish, or failed after
     // streaming tokens a fault-free run does not give.
     ++tally_.mismatched;
-    example(absl::StrCat("mismatched: ", got.tokens.size(), " tokens (expected ", request.expected_tokens.size(),
+    AddExample(absl::StrCat("mismatched: ", got.tokens.size(), " tokens (expected ", request.expected_tokens.size(),
                          "), finish '", got.finish_reason, "' (expected '", request.expected_finish, "'), ", code,
                          " '", got.status.message(), "'"));
     return;

@@ -67,6 +67,8 @@ class FaultLoad {
   void Client();
   // One request, start to end, accounted for.
   void RunOne(const FaultRequest& request, bool after_recovery);
+  // The first few lost or mismatched requests, in words.
+  void AddExample(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string target_;
   const std::vector<FaultRequest>* workload_;
