@@ -17,11 +17,14 @@ void TlsFiles::Register(FlagParser* flags, const std::string& peer) {
 absl::Status TlsFiles::Validate() const {
   if (!enabled()) return absl::OkStatus();
   const std::pair<const char*, const std::string*> files[] = {{"tls-cert", &cert}, {"tls-key", &key}, {"tls-ca", &ca}};
+  // Which one is missing first: that is the mistake, not an unreadable other.
   for (const auto& [name, path] : files) {
     if (path->empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("flag --", name, " is missing: --tls-cert, --tls-key and --tls-ca go together"));
     }
+  }
+  for (const auto& [name, path] : files) {
     if (path->find("$(") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("flag --", name, " has an unresolved variable: '", *path, "'"));
     }

@@ -94,5 +94,18 @@ TEST(SchedulerFlagsTest, ServedModelNameIsTheFileStemByDefault) {
   EXPECT_EQ(f.ServedModelName(), "chosen");
 }
 
+// The TLS flags are tandem-scheduler's own: Register (what `tandem serve`
+// takes) leaves them out and ToArgs does not forward them.
+TEST(SchedulerFlagsTest, TlsFlagsOnlyThroughRegisterTls) {
+  EXPECT_FALSE(Parse({"--tls-cert=/c.pem"}).ok());
+  SchedulerFlags f;
+  FlagParser flags("test", "test");
+  f.Register(&flags);
+  f.RegisterTls(&flags);
+  ASSERT_TRUE(flags.Parse({"--tls-cert=/absent/c.pem"}).ok());
+  EXPECT_THAT(std::string(f.Validate().message()), HasSubstr("flag --tls-key is missing"));
+  for (const std::string& arg : f.ToArgs()) EXPECT_THAT(arg, ::testing::Not(HasSubstr("tls")));
+}
+
 }  // namespace
 }  // namespace tandem::scheduler

@@ -1,5 +1,7 @@
 #include "worker/server/worker_flags.h"
 
+#include <fstream>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -112,6 +114,34 @@ TEST(WorkerPlacementFlagsTest, UnresolvedVariablesAndBadValuesNameTheFlag) {
   EXPECT_THAT(parse({"--comm-port=70000"}), HasSubstr("flag --comm-port must be in [0, 65535]"));
   EXPECT_THAT(parse({"--health-port=-2"}), HasSubstr("flag --health-port must be in [-1, 65535]"));
   EXPECT_THAT(parse({"--comm-port=5000", "--health-port=5000"}), HasSubstr("--comm-port and --health-port must differ"));
+}
+
+// --tls-*: all three or none, each a readable file; the message names the flag.
+TEST(WorkerPlacementFlagsTest, TlsFilesGoTogetherAndMustBeReadable) {
+  const std::string dir = ::testing::TempDir();
+  const std::string pem = dir + "/tls_flags_test.pem";
+  const std::string empty = dir + "/tls_flags_test_empty.pem";
+  { std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\n"; }
+  { std::ofstream(empty) << ""; }
+  auto parse = [](std::vector<std::string> args) {
+    WorkerPlacementFlags p;
+    FlagParser flags("test", "test");
+    p.Register(&flags);
+    absl::Status status = flags.Parse(args);
+    if (status.ok()) status = p.Validate();
+    return status;
+  };
+  EXPECT_TRUE(parse({}).ok());
+  EXPECT_TRUE(parse({"--tls-cert=" + pem, "--tls-key=" + pem, "--tls-ca=" + pem}).ok());
+  EXPECT_THAT(std::string(parse({"--tls-cert=" + pem, "--tls-key=" + pem}).message()),
+              HasSubstr("flag --tls-ca is missing"));
+  EXPECT_THAT(std::string(parse({"--tls-ca=" + pem}).message()), HasSubstr("flag --tls-cert is missing"));
+  EXPECT_THAT(std::string(parse({"--tls-cert=" + pem, "--tls-key=" + dir + "/absent", "--tls-ca=" + pem}).message()),
+              HasSubstr("flag --tls-key: cannot read"));
+  EXPECT_THAT(std::string(parse({"--tls-cert=" + pem, "--tls-key=" + pem, "--tls-ca=" + empty}).message()),
+              HasSubstr("flag --tls-ca: cannot read"));
+  EXPECT_THAT(std::string(parse({"--tls-cert=$(CERT)", "--tls-key=" + pem, "--tls-ca=" + pem}).message()),
+              HasSubstr("flag --tls-cert has an unresolved variable"));
 }
 
 }  // namespace

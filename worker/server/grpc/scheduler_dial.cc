@@ -48,7 +48,7 @@ absl::Status AwaitScheduler(const std::shared_ptr<grpc::Channel>& channel, const
   // client's certificate: a refused worker sees only the socket closed.
   // A scheduler that is going away closes sockets too, once; one that
   // refuses closes every attempt's.
-  constexpr int kClosedAttemptsToRefuse = 5;
+  constexpr int kClosedAttemptsToRefuse = 3;
   int closed = 0;
   for (;;) {
     const grpc::Status status = CheckOnce(channel);
