@@ -48,7 +48,8 @@ if [[ " $servers " == *" llama "* ]] && [ ! -x "$server_bin" ]; then
   echo "peer_bench.sh: building llama-server from llama-cpp-python $llama_cpp_python_version's sdist (once)"
   src=$cache/src-$llama_cpp_python_version
   rm -rf "$src" && mkdir -p "$src"
-  python3 -m pip download --quiet --no-deps --no-binary :all: -d "$src" "llama-cpp-python==$llama_cpp_python_version"
+  # The sdist itself; its build backend (whose metadata pip prepares) may come as wheels.
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python -d "$src" "llama-cpp-python==$llama_cpp_python_version"
   tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
   vendored=$(echo "$src"/llama_cpp_python-*/vendor/llama.cpp)
   cmake -S "$vendored" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
