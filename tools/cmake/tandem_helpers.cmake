@@ -28,5 +28,8 @@ function(tandem_cc_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  if(TANDEM_SANITIZE)
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 5")  # sanitized code runs several times slower
+  endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
 endfunction()
