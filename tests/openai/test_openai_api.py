@@ -15,7 +15,11 @@ import pytest
 from conftest import BIN, MODEL, SERVED_NAME, Server
 
 PROMPT = "The capital of France is"
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+# SmolLM2-135M answers this form with "The capital of France is Paris." by a
+# margin (1.6 nats at the first token with 8-bit activations); "What is the
+# capital of France?" was a near tie (0.08 nats in float32) that 8-bit
+# activations tip to "L'Etoile, ...".
+CHAT = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def raw_request(server, method, path, body=None, headers=None):
