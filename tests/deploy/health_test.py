@@ -16,8 +16,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
+
+from polling import wait_for
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 
@@ -35,13 +36,6 @@ def probe(port, service=""):
     return {0: "SERVING", 1: "NOT_SERVING"}.get(r.returncode, "NO_ANSWER")
 
 
-def wait_for(what, predicate, seconds=20):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def expect(what, got, want):

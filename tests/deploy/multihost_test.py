@@ -36,6 +36,8 @@ import sys
 import threading
 import time
 
+from polling import wait_for
+
 SUBNET = "10.77.0"
 NODES = {"leader": 1, "worker1": 2, "worker2": 3, "client": 9}
 PROMPTS = ["The capital of France is", "1 2 3 4", "tandem runs on"]
@@ -189,13 +191,6 @@ def call(net, ns, method, url, body=None):
     return int(status or 0), text
 
 
-def wait_for(what, predicate, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
 def completions(net, ns, base):

@@ -17,8 +17,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
+
+from polling import wait_for
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 
@@ -46,13 +47,6 @@ def tls_flags(leaf, ca):
     return [f"--tls-cert={WORK}/{leaf}.crt", f"--tls-key={WORK}/{leaf}.key", f"--tls-ca={WORK}/{ca}.crt"]
 
 
-def wait_for(what, predicate, seconds=20):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def check(what, condition, detail=""):
