@@ -7,6 +7,8 @@
 // In Kubernetes: --comm-port fixes the worker-to-worker port, --health-port
 // serves grpc.health.v1 for the kubelet's probes, and --check-flags checks a
 // manifest's command line without starting (worker_flags.h).
+// --fake-model (benchmarks only) replaces the model by one that costs nothing
+// (worker/server/fake_stage_runner.h): tools/bench/control_plane_bench.
 // A backend it cannot have (--backend cuda in a build without CUDA, or with
 // no usable device) exits with status 1 and the cause.
 // When the scheduler goes away the worker exits (status 1, with the reason);
@@ -22,6 +24,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
 #include "common/rpc/tls_credentials.h"
+#include "worker/comm/tls_context.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
 #include "worker/server/grpc/health_server.h"
 #include "worker/server/grpc/scheduler_dial.h"
@@ -40,6 +43,11 @@ int main(int argc, char** argv) {
   flags.AddString("model", &o.model_path, "GGUF model file (the scheduler's)");
   p.Register(&flags);
   f.Register(&flags);
+  flags.AddBool("fake-model", &o.fake_model,
+                "FOR BENCHMARKS ONLY: load no weights and run every step on a model that costs nothing\n"
+                "(tokens derived from a digest of each request's context), so that what is measured is\n"
+                "the control plane: scheduler -> gRPC -> worker -> back, and the worker-to-worker channel.\n"
+                "The model file gives only its shape; the tokens are not the model's");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
@@ -67,6 +75,17 @@ int main(int argc, char** argv) {
   o.device = static_cast<int32_t>(f.device);
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.comm = f.comm;
+  if (p.tls.enabled()) {  // the same files secure the worker-to-worker channel
+    auto comm_tls = tandem::worker::TlsContext::Load(p.tls.cert, p.tls.key, p.tls.ca);
+    if (!comm_tls.ok()) {
+      std::fprintf(stderr, "tandem-worker %lld: %s\n", static_cast<long long>(p.rank),
+                   std::string(comm_tls.status().message()).c_str());
+      return 1;
+    }
+    o.comm_tls = *std::move(comm_tls);
+    std::fprintf(stderr, "tandem-worker %lld: worker channel: mutual TLS 1.3 (--tls-*)\n",
+                 static_cast<long long>(p.rank));
+  }
 
   // Up before the model loads, so a liveness probe sees the process at once;
   // "" is SERVING only while the worker is in a group its scheduler formed.

@@ -22,6 +22,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
+  if (options.fake_model) return Create(options, nullptr);
   BackendChoice choice;
   choice.backend = options.backend;
   choice.device = options.device;
@@ -37,6 +38,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
         absl::StrCat("rank ", options.rank, " is not in [0, world size ", options.world_size, ")"));
   }
   std::unique_ptr<WorkerServer> w(new WorkerServer(options));
+  if (options.fake_model) return CreateFake(std::move(w));
   w->backend_ = std::move(backend);
   // A GPU's memory before anything is loaded (the KV cache's share is
   // computed from it); unavailable for a backend in host memory.
@@ -59,6 +61,32 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
     }
   }
   return w;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::CreateFake(std::unique_ptr<WorkerServer> w) {
+  const WorkerOptions& options = w->options_;
+  TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::OpenModelFile(options.model_path));
+  TANDEM_ASSIGN_OR_RETURN(w->config_, gguf::ReadLlamaConfig(*w->file_));
+  if (options.world_size > w->config_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(options.world_size, " pipeline stages for a model of ",
+                                                   w->config_.num_layers, " layers"));
+  }
+  w->stage_ = PipelineStage(w->config_.num_layers, options.world_size, options.rank);
+  // The fake model's KV is nothing; the budget still bounds the pool, at a
+  // nominal 8 bytes per cell.
+  const int64_t per_block = w->KvBytesPerBlock(options);
+  w->max_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(options.kv_cache_bytes / per_block, 1 << 24));
+  if (w->max_kv_blocks_ < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory of ", options.kv_cache_bytes,
+                                                   " bytes holds fewer than 2 fake KV blocks of ", per_block,
+                                                   " bytes"));
+  }
+  return w;
+}
+
+int64_t WorkerServer::KvBytesPerBlock(const WorkerOptions& options) const {
+  if (options.fake_model) return int64_t{8} * options.block_size;
+  return model_->KvBytesPerBlock(options.block_size);
 }
 
 WorkerServer::~WorkerServer() = default;
@@ -100,10 +128,10 @@ v1::RegisterWorker WorkerServer::Registration() const {
   r.set_first_layer(stage_.first_layer);
   r.set_end_layer(stage_.end_layer);
   r.set_block_size(options_.block_size);
-  r.set_kv_bytes_per_block(model_->KvBytesPerBlock(options_.block_size));
+  r.set_kv_bytes_per_block(KvBytesPerBlock(options_));
   r.set_max_kv_blocks(max_kv_blocks_);
-  r.set_backend(backend_->name());
-  r.set_device(DeviceName(*backend_));
+  r.set_backend(backend_ ? backend_->name() : "fake");
+  r.set_device(backend_ ? DeviceName(*backend_) : "fake");
   r.set_incarnation(static_cast<int64_t>(std::random_device{}()));
   r.set_vocab_size(config_.vocab_size);
   return r;
@@ -125,6 +153,7 @@ void WorkerServer::OnDisconnected(const std::string& reason) {
 absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, SchedulerLink* link) {
   // A new epoch: whatever the group held is gone.
   runner_.reset();
+  fake_.reset();
   transport_.reset();
   tcp_.reset();
   broken_ = false;
@@ -134,7 +163,7 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
     return absl::InvalidArgumentError(absl::StrCat("cannot hold ", configure.num_kv_blocks(), " blocks of ",
                                                    configure.block_size(), " tokens"));
   }
-  if (configure.num_kv_blocks() != allocated_blocks_) {
+  if (configure.num_kv_blocks() != allocated_blocks_ && !options_.fake_model) {
     TANDEM_RETURN_IF_ERROR(model_->AllocateKvCache(configure.num_kv_blocks(), options_.block_size));
     allocated_blocks_ = configure.num_kv_blocks();
   }
@@ -147,6 +176,7 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
     TcpCommunicator::Options comm;
     comm.host = options_.comm_host;
     comm.port = static_cast<uint16_t>(options_.comm_port);
+    comm.tls = options_.comm_tls;
     TANDEM_ASSIGN_OR_RETURN(tcp_, TcpCommunicator::Listen(options_.rank, options_.world_size, comm));
     configured->set_comm_address(tcp_->address());
     if (!nccl_identity_.empty()) {
@@ -162,6 +192,7 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
 }
 
 absl::Status WorkerServer::Connect(const v1::ConnectGroup& connect) {
+  if (options_.fake_model) return ConnectFake(connect);
   if (options_.world_size > 1) {
     TANDEM_ASSIGN_OR_RETURN(
         bool nccl, ChooseNccl(options_.comm, options_.world_size,
@@ -193,6 +224,23 @@ absl::Status WorkerServer::Connect(const v1::ConnectGroup& connect) {
   return absl::OkStatus();
 }
 
+absl::Status WorkerServer::ConnectFake(const v1::ConnectGroup& connect) {
+  FakeStageOptions fake;
+  fake.rank = options_.rank;
+  fake.world_size = options_.world_size;
+  fake.vocab_size = config_.vocab_size;
+  fake.peer_timeout = options_.peer_timeout;
+  if (options_.world_size > 1) {
+    // Host memory on both ends: the TCP communicator carries it as is.
+    if (tcp_ == nullptr) return absl::FailedPreconditionError("connect before configure");
+    TANDEM_RETURN_IF_ERROR(tcp_->Connect({connect.comm_addresses().begin(), connect.comm_addresses().end()},
+                                         static_cast<uint64_t>(epoch_), options_.peer_timeout));
+    fake.communicator = tcp_.get();
+  }
+  fake_ = std::make_unique<FakeStageRunner>(fake);
+  return absl::OkStatus();
+}
+
 void WorkerServer::Post(Outgoing outgoing) {
   absl::MutexLock lock(&out_mu_);
   outbox_.push_back(std::move(outgoing));
@@ -205,7 +253,7 @@ void WorkerServer::ReportError(uint64_t step_seq, const absl::Status& status) {
     std::fprintf(stderr, "tandem-worker %d: epoch %lld: %s\n", options_.rank, static_cast<long long>(epoch_),
                  std::string(status.message()).c_str());
   }
-  Post({epoch_, step_seq, nullptr, status});
+  Post({epoch_, step_seq, nullptr, status, std::nullopt});
 }
 
 void WorkerServer::SendError(SchedulerLink* link, int64_t epoch, uint64_t step_seq, const absl::Status& status) {
@@ -239,15 +287,25 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
       return;
     }
     case v1::SchedulerMessage::kExecute:
-      if (broken_ || runner_ == nullptr || (broken_ = output_failed())) return;
+      if (broken_ || !running() || (broken_ = output_failed())) return;
       ++steps_;
-      if (absl::Status s = runner_->Execute(message.execute()); !s.ok()) {
+      if (absl::Status s = fake_ ? fake_->Execute(message.execute()) : runner_->Execute(message.execute());
+          !s.ok()) {
         ReportError(message.execute().step_seq(), s);
       }
       return;
     case v1::SchedulerMessage::kSample: {
-      if (broken_ || runner_ == nullptr || (broken_ = output_failed())) return;
+      if (broken_ || !running() || (broken_ = output_failed())) return;
       const uint64_t seq = message.sample().step_seq();
+      if (fake_ != nullptr) {
+        absl::StatusOr<v1::ModelRunnerOutput> output = fake_->Sample(message.sample());
+        if (!output.ok()) {
+          ReportError(seq, output.status());
+          return;
+        }
+        Post({epoch_, seq, nullptr, absl::OkStatus(), *std::move(output)});
+        return;
+      }
       if (absl::Status s = runner_->Sample(message.sample()); !s.ok()) {
         ReportError(seq, s);
         return;
@@ -258,7 +316,7 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
         ReportError(seq, output.status());
         return;
       }
-      Post({epoch_, seq, *std::move(output), absl::OkStatus()});
+      Post({epoch_, seq, *std::move(output), absl::OkStatus(), std::nullopt});
       return;
     }
     default:
@@ -268,7 +326,7 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
 
 void WorkerServer::OutputLoop(SchedulerLink* link) {
   // Waiting on the copies' events uses the device's context.
-  if (absl::Status s = BindThreadToBackend(*backend_); !s.ok()) {
+  if (absl::Status s = backend_ ? BindThreadToBackend(*backend_) : absl::OkStatus(); !s.ok()) {
     std::fprintf(stderr, "tandem-worker %d: output thread: %s\n", options_.rank, std::string(s.message()).c_str());
   }
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_output_ || !outbox_.empty(); };
@@ -285,7 +343,9 @@ void WorkerServer::OutputLoop(SchedulerLink* link) {
       if (item.epoch == failed_epoch_) continue;  // the epoch's failure was reported once
     }
     absl::StatusOr<v1::ModelRunnerOutput> output =
-        item.output != nullptr ? item.output->Serialize() : absl::StatusOr<v1::ModelRunnerOutput>(item.error);
+        item.output != nullptr ? item.output->Serialize()
+        : item.ready     ? absl::StatusOr<v1::ModelRunnerOutput>(*std::move(item.ready))
+                         : absl::StatusOr<v1::ModelRunnerOutput>(item.error);
     item.output.reset();
     if (!output.ok()) {
       {
@@ -339,10 +399,10 @@ absl::Status WorkerServer::Run(SchedulerLink* link) {
       return absl::UnavailableError(*gone);
     }
     const auto work_start = Clock::now();
-    if (runner_ != nullptr) idle_seconds_ += Seconds(work_start - wait_start);
+    if (running()) idle_seconds_ += Seconds(work_start - wait_start);
     if (message.kind_case() != v1::SchedulerMessage::KIND_NOT_SET) {
       Process(message, link);
-      if (runner_ != nullptr) busy_seconds_ += Seconds(Clock::now() - work_start);
+      if (running()) busy_seconds_ += Seconds(Clock::now() - work_start);
     }
     if (Clock::now() >= next_stats) {
       v1::WorkerMessage stats;

@@ -32,6 +32,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,6 +48,7 @@
 #include "worker/model/llama_model.h"
 #include "worker/runner/model_runner.h"
 #include "worker/server/backend_factory.h"
+#include "worker/server/fake_stage_runner.h"
 
 namespace tandem::worker {
 
@@ -58,6 +60,8 @@ struct WorkerOptions {
   int32_t block_size = 16;
   std::string comm_host = "127.0.0.1";  // where the other ranks can reach this one
   int32_t comm_port = 0;                 // its listener's port; 0: any free port
+  // TLS on the worker-to-worker channel (the --tls-* files); null: plaintext.
+  std::shared_ptr<const TlsContext> comm_tls;
   absl::Duration peer_timeout = absl::Seconds(30);
   // The device (worker_flags.h).
   std::string backend = "cpu";
@@ -70,6 +74,10 @@ struct WorkerOptions {
   int32_t profile_tokens = 2048;
   int32_t profile_rows = 128;
   std::string comm = "auto";  // auto | nccl | tcp
+  // Benchmarks only (tandem-worker --fake-model): no backend and no weights;
+  // steps run on FakeStageRunner, whose model costs nothing, so what is
+  // measured is the control plane. The model file gives only its shape.
+  bool fake_model = false;
 };
 
 // The worker's end of the control stream. Send must be thread-safe (the
@@ -105,14 +113,21 @@ class WorkerServer {
   struct Outgoing {
     int64_t epoch = 0;
     uint64_t step_seq = 0;
-    std::shared_ptr<StepOutput> output;  // null: `error`
+    std::shared_ptr<StepOutput> output;  // null: `ready` or `error`
     absl::Status error;
+    std::optional<v1::ModelRunnerOutput> ready;  // the fake model's, already built
   };
 
   explicit WorkerServer(const WorkerOptions& options) : options_(options) {}
   absl::Status SizeKvCache(const DeviceMemory* at_start);
+  // The runner of the current epoch (real or fake) exists.
+  bool running() const { return runner_ != nullptr || fake_ != nullptr; }
   absl::Status Configure(const v1::ConfigureGroup& configure, SchedulerLink* link);
   absl::Status Connect(const v1::ConnectGroup& connect);
+  // --fake-model: no backend, no weights (WorkerOptions::fake_model).
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> CreateFake(std::unique_ptr<WorkerServer> w);
+  absl::Status ConnectFake(const v1::ConnectGroup& connect);
+  int64_t KvBytesPerBlock(const WorkerOptions& options) const;
   void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
   void ReportError(uint64_t step_seq, const absl::Status& status) ABSL_LOCKS_EXCLUDED(out_mu_);
   void Post(Outgoing outgoing) ABSL_LOCKS_EXCLUDED(out_mu_);
@@ -136,6 +151,7 @@ class WorkerServer {
   std::unique_ptr<TcpCommunicator> tcp_;  // between Configure and Connect
   std::unique_ptr<PipelineTransport> transport_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<FakeStageRunner> fake_;  // instead of runner_ with --fake-model
   double busy_seconds_ = 0;
   double idle_seconds_ = 0;
   int64_t steps_ = 0;
