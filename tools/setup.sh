@@ -13,6 +13,7 @@ packages=(
   clang  # -fsyntax-only -Wthread-safety in ctest (tools/check_thread_safety.sh)
   libabsl-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libxxhash-dev libre2-dev
   libboost-dev nlohmann-json3-dev
+  libssl-dev  # TLS of the worker-to-worker channel and the HTTPS API (OpenSSL, as Debian's gRPC)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv
   openssl  # certificates for grpc_tls_test

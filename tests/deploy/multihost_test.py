@@ -24,8 +24,16 @@ says why and /ready answers 503; with the link back the group forms again
 requests give the same text. Namespaces and processes are removed on every exit
 path (normal, failure, SIGTERM from ctest's timeout).
 
-Usage: multihost_test.py BIN_DIR DEPLOY_DIR WORK_DIR. Exit 77 (skipped) when not
-root, without `ip netns`, or without kubectl. Bounded: about 20-30 s.
+With --tls (ctest multihost_tls_test) the lws overlay is built with
+components/tls, the Secret's files are a CA and one certificate made here by
+openssl (naming the leader's address), and the whole group runs with mutual TLS
+on the gRPC streams and the worker-to-worker channel; the greedy completions
+must still equal plaintext `tandem serve`'s, and the partition and its recovery
+behave the same (the group re-forms over new TLS connections).
+
+Usage: multihost_test.py BIN_DIR DEPLOY_DIR WORK_DIR [--tls]. Exit 77 (skipped)
+when not root, without `ip netns`, or without kubectl (or openssl, with --tls).
+Bounded: about 15 s each.
 """
 import json
 import os
@@ -113,11 +121,41 @@ class Net:
 
 # --- the group ----------------------------------------------------------------
 
-def lws_commands(deploy_dir):
-    """(leader containers, worker container): (program, args) with $(VAR) kept."""
+TLS_MOUNT = "/etc/tandem/tls/"  # where components/tls mounts the Secret tandem-tls
+
+
+def make_tls_files(work):
+    """What a user puts in the Secret: a CA and one certificate for every pod
+    (serverAuth and clientAuth; it names the leader's address and 127.0.0.1)."""
+    d = os.path.join(work, "tls") + "/"
+    os.makedirs(d, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (["req", "-x509", *ec, "-keyout", d + "ca.key", "-out", d + "ca.crt", "-days", "2", "-subj", "/CN=ca"],
+                 ["req", "-x509", *ec, "-keyout", d + "tls.key", "-out", d + "tls.crt", "-days", "2",
+                  "-subj", "/CN=tandem", "-CA", d + "ca.crt", "-CAkey", d + "ca.key",
+                  "-addext", f"subjectAltName=IP:{SUBNET}.{NODES['leader']},IP:127.0.0.1",
+                  "-addext", "extendedKeyUsage=serverAuth,clientAuth"]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+    return d
+
+
+def lws_commands(deploy_dir, work, tls):
+    """(leader containers, worker container): (program, args) with $(VAR) kept;
+    with `tls`, the overlay with components/tls and its mount made the test's
+    certificate directory."""
     import yaml
-    r = subprocess.run(["kubectl", "kustomize", os.path.join(deploy_dir, "overlays", "lws")],
-                       capture_output=True, text=True, timeout=60, check=True)
+    target = os.path.join(deploy_dir, "overlays", "lws")
+    if tls:
+        target = os.path.join(work, "lws+tls")
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                            "resources": [os.path.relpath(os.path.join(deploy_dir, "overlays", "lws"), target)],
+                            "components": [os.path.relpath(os.path.join(deploy_dir, "components", "tls"), target)]},
+                           f)
+    r = subprocess.run(["kubectl", "kustomize", target], capture_output=True, text=True, timeout=60, check=True)
+    if tls:
+        r.stdout = r.stdout.replace(TLS_MOUNT, make_tls_files(work))
     objects = [o for o in yaml.safe_load_all(r.stdout) if o]
     config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
     lws = next(o for o in objects if o["kind"] == "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
@@ -204,12 +242,14 @@ def completions(net, ns, base):
     return texts
 
 
-def run(bin_dir, deploy_dir, work, net, group):
+def run(bin_dir, deploy_dir, work, net, group, tls):
     model = os.path.join(work, "tiny.gguf")
     subprocess.run([f"{bin_dir}/tandem", "make-model", f"--output={model}", "--layers=3", "--context=4096",
                     "--weight-scale=0.2"],
                    check=True, capture_output=True)
-    config, leader, worker = lws_commands(deploy_dir)
+    config, leader, worker = lws_commands(deploy_dir, work, tls)
+    if tls:
+        assert all("--tls-ca=" in " ".join(args) for _, args in [*leader, worker]), "components/tls added no flags"
     config = dict(config, MODEL_PATH=model, KV_CACHE_MEMORY="64MiB")
     leader_ip = f"{SUBNET}.{NODES['leader']}"
     def values(node, index):
@@ -234,7 +274,13 @@ def run(bin_dir, deploy_dir, work, net, group):
     reference = completions(net, "solo", "http://127.0.0.1:8000")
     got = completions(net, "client", base)
     assert got == reference, f"multi-host {got} != single-host {reference}"
-    print(f"ok: 3 greedy completions across 3 namespaces equal tandem serve's: {got}")
+    print(f"ok: 3 greedy completions across 3 namespaces{' over TLS' if tls else ''} equal tandem serve's: {got}")
+    if tls:
+        for log in ("leader-tandem-worker", "worker1", "worker2"):
+            with open(os.path.join(work, f"{log}.log")) as f:
+                text = f.read()
+            assert "worker channel: mutual TLS" in text, f"{log} does not use TLS between workers: {text[-500:]}"
+        print("ok: every worker's channel to the others is mutual TLS")
 
     # A partition with a request in flight.
     stream = subprocess.Popen(
@@ -294,11 +340,15 @@ def main():
         client(sys.argv[2:])
         return 0
     bin_dir, deploy_dir, work = (os.path.abspath(a) for a in sys.argv[1:4])
+    tls = "--tls" in sys.argv[4:]
     if os.geteuid() != 0:
         print("SKIP: network namespaces need root")
         return 77
     if subprocess.run(["which", "kubectl"], capture_output=True).returncode != 0:
         print("SKIP: kubectl is not installed (the test runs the arguments of the built lws overlay)")
+        return 77
+    if tls and subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        print("SKIP: openssl is not installed (it makes the test's certificates)")
         return 77
     os.makedirs(work, exist_ok=True)
     remove_stale_namespaces()
@@ -314,7 +364,7 @@ def main():
     try:
         net.up()
         started = time.monotonic()
-        run(bin_dir, deploy_dir, work, net, group)
+        run(bin_dir, deploy_dir, work, net, group, tls)
         print(f"1 passed, 0 failed ({time.monotonic() - started:.1f} s)")
         return 0
     except AssertionError as e:

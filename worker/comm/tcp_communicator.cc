@@ -4,6 +4,10 @@
 #include "worker/comm/tcp_communicator.h"
 
 #include <netdb.h>
+#include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -77,14 +81,15 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 
-// The acceptor's verdict on a hello; `fds` holds the ranks accepted so far.
+// The acceptor's verdict on a hello; `links` holds the ranks accepted so far.
+template <typename Links>
 Verdict Judge(const Hello& h, int32_t rank, int32_t world_size, uint64_t epoch,
-              const std::vector<int>& fds) {
+              const Links& links) {
   if (h.version != kVersion) return kBadVersion;
   if (h.world_size != world_size) return kWrongWorldSize;
   if (h.epoch != epoch) return kWrongEpoch;
   if (h.to != rank || h.from <= rank || h.from >= world_size) return kUnexpectedRank;
-  if (fds[h.from] >= 0) return kDuplicateRank;
+  if (links[h.from].fd >= 0) return kDuplicateRank;
   return kAccepted;
 }
 
@@ -121,9 +126,18 @@ absl::Status PollFd(int fd, short events, absl::Time deadline) {
   }
 }
 
+// A connected socket and, with TLS, its session. `ssl_mu` serializes the SSL
+// calls of a Peer's sender thread and its reader; null while one thread owns
+// the connection (the handshake).
+struct Conn {
+  int fd = -1;
+  SSL* ssl = nullptr;
+  absl::Mutex* ssl_mu = nullptr;
+};
+
 // Reads until buf[0, n) is full, advancing *got so that a caller can resume
 // after DeadlineExceeded. Unavailable on EOF or a socket error.
-absl::Status ReadSome(int fd, uint8_t* buf, size_t n, size_t* got, absl::Time deadline) {
+absl::Status PlainReadSome(int fd, uint8_t* buf, size_t n, size_t* got, absl::Time deadline) {
   while (*got < n) {
     ssize_t r = recv(fd, buf + *got, n - *got, MSG_DONTWAIT);
     if (r > 0) {
@@ -141,7 +155,7 @@ absl::Status ReadSome(int fd, uint8_t* buf, size_t n, size_t* got, absl::Time de
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, const uint8_t* buf, size_t n, absl::Time deadline) {
+absl::Status PlainWriteAll(int fd, const uint8_t* buf, size_t n, absl::Time deadline) {
   size_t done = 0;
   while (done < n) {
     ssize_t r = send(fd, buf + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -154,6 +168,147 @@ absl::Status WriteAll(int fd, const uint8_t* buf, size_t n, absl::Time deadline)
     }
   }
   return absl::OkStatus();
+}
+
+// One non-blocking SSL call's outcome, with the reason read while the
+// session was still held.
+struct TlsStep {
+  int result = 0;
+  int error = SSL_ERROR_NONE;
+  int saved_errno = 0;
+  std::string reason;
+};
+
+std::string TlsReason(SSL* ssl) {
+  const long verify = SSL_get_verify_result(ssl);
+  std::string text = DrainTlsErrors();
+  if (verify != X509_V_OK) {
+    return absl::StrCat("certificate verify failed: ", X509_verify_cert_error_string(verify), " (",
+                        text, ")");
+  }
+  return text;
+}
+
+template <typename Call>
+TlsStep TlsCall(const Conn& c, const Call& call) {
+  TlsStep step;
+  auto run = [&] {
+    ERR_clear_error();
+    errno = 0;
+    step.result = call(c.ssl);
+    step.error = step.result > 0 ? SSL_ERROR_NONE : SSL_get_error(c.ssl, step.result);
+    step.saved_errno = errno;
+    if (step.error == SSL_ERROR_SSL) step.reason = TlsReason(c.ssl);
+  };
+  if (c.ssl_mu != nullptr) {
+    absl::MutexLock lock(c.ssl_mu);
+    run();
+  } else {
+    run();
+  }
+  return step;
+}
+
+// After an SSL call that made no progress: OK once it may be retried (after
+// waiting for the socket), PermissionDenied for a TLS failure (a refused
+// certificate, a peer that does not speak TLS), Unavailable otherwise.
+absl::Status TlsWait(const Conn& c, const TlsStep& step, absl::Time deadline) {
+  switch (step.error) {
+    case SSL_ERROR_WANT_READ:
+      return PollFd(c.fd, POLLIN, deadline);
+    case SSL_ERROR_WANT_WRITE:
+      return PollFd(c.fd, POLLOUT, deadline);
+    case SSL_ERROR_ZERO_RETURN:
+      return absl::UnavailableError("peer closed the connection");
+    case SSL_ERROR_SYSCALL:
+      if (step.saved_errno == EINTR) return absl::OkStatus();
+      return absl::UnavailableError(step.saved_errno == 0 ? "peer closed the connection"
+                                                          : ErrnoText(step.saved_errno));
+    default:
+      return absl::PermissionDeniedError(absl::StrCat("TLS: ", step.reason));
+  }
+}
+
+absl::Status ReadSome(const Conn& c, uint8_t* buf, size_t n, size_t* got, absl::Time deadline) {
+  if (c.ssl == nullptr) return PlainReadSome(c.fd, buf, n, got, deadline);
+  while (*got < n) {
+    const int want = static_cast<int>(std::min<size_t>(n - *got, INT_MAX));
+    const TlsStep step = TlsCall(c, [&](SSL* ssl) { return SSL_read(ssl, buf + *got, want); });
+    if (step.result > 0) {
+      *got += static_cast<size_t>(step.result);
+    } else {
+      TANDEM_RETURN_IF_ERROR(TlsWait(c, step, deadline));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(const Conn& c, const uint8_t* buf, size_t n, absl::Time deadline) {
+  if (c.ssl == nullptr) return PlainWriteAll(c.fd, buf, n, deadline);
+  size_t done = 0;
+  while (done < n) {
+    // After WANT_WRITE the retry repeats the same arguments, as OpenSSL asks.
+    const int want = static_cast<int>(std::min<size_t>(n - done, INT_MAX));
+    const TlsStep step = TlsCall(c, [&](SSL* ssl) { return SSL_write(ssl, buf + done, want); });
+    if (step.result > 0) {
+      done += static_cast<size_t>(step.result);
+    } else {
+      TANDEM_RETURN_IF_ERROR(TlsWait(c, step, deadline));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A session over `fd` in the given role; null when OpenSSL cannot make one.
+SSL* NewSession(const TlsContext& tls, int fd, bool dialer) {
+  SSL* ssl = SSL_new(tls.ctx());
+  if (ssl == nullptr) return nullptr;
+  SSL_set_fd(ssl, fd);
+  if (dialer) {
+    SSL_set_connect_state(ssl);
+  } else {
+    SSL_set_accept_state(ssl);
+  }
+  return ssl;
+}
+
+// Both certificates checked (tls_context.h). PermissionDenied when either
+// side refused the other's; Unavailable when the peer hung up (a plaintext
+// peer, or one that refused us before a reason reached us).
+absl::Status TlsHandshake(const Conn& c, absl::Time deadline) {
+  if (c.ssl == nullptr) return absl::InternalError(absl::StrCat("TLS: ", DrainTlsErrors()));
+  for (;;) {
+    const TlsStep step = TlsCall(c, [](SSL* ssl) { return SSL_do_handshake(ssl); });
+    if (step.result == 1) return absl::OkStatus();
+    absl::Status s = TlsWait(c, step, deadline);
+    if (absl::IsUnavailable(s)) {
+      return absl::UnavailableError(absl::StrCat(
+          s.message(), " during the TLS handshake (does the peer run without TLS?)"));
+    }
+    TANDEM_RETURN_IF_ERROR(s);
+  }
+}
+
+void CloseConn(Conn& c) {
+  if (c.ssl != nullptr) SSL_free(c.ssl);
+  if (c.fd >= 0) close(c.fd);
+  c = Conn{};
+}
+
+// "ip:port" of the connection's other end, for messages.
+std::string PeerName(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown address";
+  if (addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    return absl::StrCat("[", host, "]:", ntohs(a->sin6_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(a->sin_port));
 }
 
 struct Endpoint {
@@ -200,13 +355,20 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // best effort
 }
 
-// One connect + handshake. FailedPrecondition when the peer refused us (final);
-// any other error may be retried.
-absl::StatusOr<int> DialOnce(const Endpoint& ep, const Hello& hello, absl::Time deadline) {
+// One connect + handshake (TLS's, when `tls`, then the hello).
+// FailedPrecondition when the peer refused us or TLS failed (final); any
+// other error may be retried.
+absl::StatusOr<Conn> DialOnce(const Endpoint& ep, const Hello& hello, const TlsContext* tls,
+                              absl::Time deadline) {
   int fd = socket(ep.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  auto fail = [fd](absl::Status s) {
-    close(fd);
+  Conn conn{fd};
+  auto fail = [&conn](absl::Status s) {
+    CloseConn(conn);
+    if (absl::IsPermissionDenied(s)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("failed the TLS handshake (", s.message(), ")"));
+    }
     return s;
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&ep.addr), ep.len) != 0) {
@@ -219,10 +381,16 @@ absl::StatusOr<int> DialOnce(const Endpoint& ep, const Hello& hello, absl::Time 
     if (err != 0) return fail(absl::UnavailableError(ErrnoText(err)));
   }
   SetNoDelay(fd);
+  if (tls != nullptr) {
+    conn.ssl = NewSession(*tls, fd, /*dialer=*/true);
+    if (absl::Status s = TlsHandshake(conn, deadline); !s.ok()) return fail(s);
+  }
   Hello reply;
   size_t got = 0;
-  absl::Status s = WriteAll(fd, AsBytes(&hello), sizeof(hello), deadline);
-  if (s.ok()) s = ReadSome(fd, AsBytes(&reply), sizeof(reply), &got, deadline);
+  // With TLS 1.3 the dialer's handshake ends before the acceptor has checked
+  // its certificate: a refusal arrives here, as an alert (PermissionDenied).
+  absl::Status s = WriteAll(conn, AsBytes(&hello), sizeof(hello), deadline);
+  if (s.ok()) s = ReadSome(conn, AsBytes(&reply), sizeof(reply), &got, deadline);
   if (!s.ok()) return fail(s);
   if (reply.magic != kHelloMagic) return fail(absl::UnavailableError("not a tandem communicator"));
   if (reply.verdict != kAccepted) {
@@ -236,19 +404,28 @@ absl::StatusOr<int> DialOnce(const Endpoint& ep, const Hello& hello, absl::Time 
                                                            reply.world_size, " epoch ", reply.epoch,
                                                            "; addresses are mixed up")));
   }
-  return fd;
+  return conn;
 }
 
 }  // namespace
+
+struct TcpCommunicator::Link {
+  int fd = -1;
+  SSL* ssl = nullptr;
+};
 
 // One connection. The sender thread and Send share the queue under `mu`; the
 // receive state belongs to the thread calling Recv for this peer. Waits are
 // Awaits on conditions over the guarded state, re-evaluated whenever `mu` is
 // released, so writers do not signal.
 struct TcpCommunicator::Peer {
-  Peer(int32_t r, int f) : rank(r), fd(f) {}
+  Peer(int32_t r, int f, SSL* s) : rank(r), fd(f), ssl(s) {}
+  // The connection as the I/O helpers take it.
+  Conn conn() { return Conn{fd, ssl, ssl != nullptr ? &ssl_mu : nullptr}; }
   const int32_t rank;
   const int fd;  // closed by ~TcpCommunicator only, so it is never reused early
+  SSL* const ssl;  // null: plaintext; freed by ~TcpCommunicator after the sender stops
+  absl::Mutex ssl_mu;  // held around each SSL call on `ssl` (never while waiting)
 
   absl::Mutex mu;
   struct Frame {
@@ -335,6 +512,7 @@ TcpCommunicator::~TcpCommunicator() {
   for (auto& p : peers_) {
     if (p == nullptr) continue;
     p->sender.join();
+    if (p->ssl != nullptr) SSL_free(p->ssl);
     close(p->fd);
   }
   if (listen_fd_ >= 0) close(listen_fd_);
@@ -350,20 +528,21 @@ absl::Status TcpCommunicator::Connect(const std::vector<std::string>& peer_addre
                                                    " addresses for world size ", world_size_));
   }
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<int> fds(world_size_, -1);
+  std::vector<Link> links(world_size_);
   // Lower ranks accept, higher ranks dial. Dialing lower ranks first cannot
   // deadlock: rank 0 only accepts, and each rank's dials only wait on ranks
   // below it.
   absl::Status status;
   for (int32_t r = 0; r < rank_ && status.ok(); ++r) {
-    absl::StatusOr<int> fd = Dial(r, peer_addresses[r], group_epoch, deadline);
-    if (fd.ok()) fds[r] = *fd;
-    status = fd.status();
+    absl::StatusOr<Link> link = Dial(r, peer_addresses[r], group_epoch, deadline);
+    if (link.ok()) links[r] = *link;
+    status = link.status();
   }
-  if (status.ok()) status = AcceptAll(fds, group_epoch, deadline);
+  if (status.ok()) status = AcceptAll(links, group_epoch, deadline);
   if (!status.ok()) {
-    for (int fd : fds) {
-      if (fd >= 0) close(fd);
+    for (Link& link : links) {
+      Conn conn{link.fd, link.ssl};
+      CloseConn(conn);
     }
     return status;
   }
@@ -372,15 +551,16 @@ absl::Status TcpCommunicator::Connect(const std::vector<std::string>& peer_addre
   peers_.resize(world_size_);
   for (int32_t r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
-    peers_[r] = std::make_unique<Peer>(r, fds[r]);
+    peers_[r] = std::make_unique<Peer>(r, links[r].fd, links[r].ssl);
     Peer* p = peers_[r].get();
     p->sender = std::thread([this, p] { SenderLoop(p); });
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> TcpCommunicator::Dial(int32_t peer, const std::string& address, uint64_t epoch,
-                                          absl::Time deadline) {
+absl::StatusOr<TcpCommunicator::Link> TcpCommunicator::Dial(int32_t peer,
+                                                           const std::string& address,
+                                                           uint64_t epoch, absl::Time deadline) {
   std::string host, port;
   TANDEM_RETURN_IF_ERROR(SplitAddress(address, &host, &port));
   const Hello hello{kHelloMagic, kVersion, rank_, peer, world_size_, kAccepted, epoch};
@@ -388,9 +568,10 @@ absl::StatusOr<int> TcpCommunicator::Dial(int32_t peer, const std::string& addre
   absl::Status last;
   for (;;) {
     absl::StatusOr<Endpoint> ep = Resolve(host, port, false);
-    absl::StatusOr<int> fd = ep.ok() ? DialOnce(*ep, hello, deadline) : ep.status();
-    if (fd.ok()) return fd;
-    last = fd.status();
+    absl::StatusOr<Conn> conn =
+        ep.ok() ? DialOnce(*ep, hello, options_.tls.get(), deadline) : ep.status();
+    if (conn.ok()) return Link{conn->fd, conn->ssl};
+    last = conn.status();
     if (absl::IsFailedPrecondition(last)) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", rank_, ": rank ", peer, " at ", address, " ", last.message()));
@@ -404,7 +585,17 @@ absl::StatusOr<int> TcpCommunicator::Dial(int32_t peer, const std::string& addre
                                                   " in time; last error: ", last.message()));
 }
 
-absl::Status TcpCommunicator::AcceptAll(std::vector<int>& fds, uint64_t epoch,
+absl::Status TcpCommunicator::AcceptTls(Link& link, absl::Time deadline) {
+  const std::string who = PeerName(link.fd);  // before a refused peer hangs up
+  Conn conn{link.fd, NewSession(*options_.tls, link.fd, /*dialer=*/false)};
+  link.ssl = conn.ssl;
+  absl::Status s = TlsHandshake(conn, deadline);
+  if (s.ok()) return s;
+  return absl::PermissionDeniedError(
+      absl::StrCat("TLS handshake with ", who, " failed: ", s.message()));
+}
+
+absl::Status TcpCommunicator::AcceptAll(std::vector<Link>& links, uint64_t epoch,
                                         absl::Time deadline) {
   int32_t missing = world_size_ - 1 - rank_;
   std::string refused;  // the last refusal, to explain a timeout
@@ -412,7 +603,7 @@ absl::Status TcpCommunicator::AcceptAll(std::vector<int>& fds, uint64_t epoch,
     if (!PollFd(listen_fd_, POLLIN, deadline).ok()) {
       std::string who;
       for (int32_t r = rank_ + 1; r < world_size_; ++r) {
-        if (fds[r] < 0) absl::StrAppend(&who, who.empty() ? "" : ", ", r);
+        if (links[r].fd < 0) absl::StrAppend(&who, who.empty() ? "" : ", ", r);
       }
       return absl::DeadlineExceededError(
           absl::StrCat("rank ", rank_, ": ranks {", who, "} did not connect in time",
@@ -423,26 +614,40 @@ absl::Status TcpCommunicator::AcceptAll(std::vector<int>& fds, uint64_t epoch,
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return absl::UnavailableError(absl::StrCat("rank ", rank_, ": accept: ", ErrnoText(errno)));
     }
+    Link link{fd};
+    const absl::Time hello_deadline = std::min(deadline, absl::Now() + kHelloTimeout);
+    if (options_.tls != nullptr) {
+      absl::Status s = AcceptTls(link, hello_deadline);
+      if (!s.ok()) {
+        // The dialer learns it from its own handshake; we wait for the right peer.
+        if (absl::IsPermissionDenied(s)) refused = std::string(s.message());
+        Conn conn{link.fd, link.ssl};
+        CloseConn(conn);
+        continue;
+      }
+    }
+    const Conn conn{link.fd, link.ssl};
     Hello h;
     size_t got = 0;
-    const absl::Time hello_deadline = std::min(deadline, absl::Now() + kHelloTimeout);
-    if (!ReadSome(fd, AsBytes(&h), sizeof(h), &got, hello_deadline).ok() ||
+    if (!ReadSome(conn, AsBytes(&h), sizeof(h), &got, hello_deadline).ok() ||
         h.magic != kHelloMagic) {
-      close(fd);  // a stranger or a broken dial: no answer
+      Conn c = conn;
+      CloseConn(c);  // a stranger or a broken dial: no answer
       continue;
     }
-    const Verdict verdict = Judge(h, rank_, world_size_, epoch, fds);
+    const Verdict verdict = Judge(h, rank_, world_size_, epoch, links);
     const Hello reply{kHelloMagic, kVersion, rank_, h.from, world_size_, verdict, epoch};
-    const bool sent = WriteAll(fd, AsBytes(&reply), sizeof(reply), hello_deadline).ok();
+    const bool sent = WriteAll(conn, AsBytes(&reply), sizeof(reply), hello_deadline).ok();
     if (verdict != kAccepted) {
       refused = absl::StrCat("rank ", h.from, " epoch ", h.epoch, ": ", VerdictText(verdict));
     }
     if (verdict != kAccepted || !sent) {
-      close(fd);
+      Conn c = conn;
+      CloseConn(c);
       continue;
     }
     SetNoDelay(fd);
-    fds[h.from] = fd;
+    links[h.from] = link;
     --missing;
   }
   return absl::OkStatus();
@@ -487,7 +692,7 @@ absl::Status TcpCommunicator::Recv(int32_t peer, void* data, size_t bytes, absl:
   auto what = [&] { return absl::StrCat("rank ", rank_, " receiving from rank ", peer, ": "); };
   if (p->header_got < sizeof(p->header)) {
     absl::Status s =
-        ReadSome(p->fd, AsBytes(&p->header), sizeof(p->header), &p->header_got, deadline);
+        ReadSome(p->conn(), AsBytes(&p->header), sizeof(p->header), &p->header_got, deadline);
     if (absl::IsDeadlineExceeded(s)) {
       return absl::DeadlineExceededError(
           absl::StrCat(what(), "no message within ", absl::FormatDuration(timeout)));
@@ -511,7 +716,7 @@ absl::Status TcpCommunicator::Recv(int32_t peer, void* data, size_t bytes, absl:
     std::memcpy(out, p->stash.data(), p->payload_got);
     std::vector<uint8_t>().swap(p->stash);
   }
-  absl::Status s = ReadSome(p->fd, out, bytes, &p->payload_got, deadline);
+  absl::Status s = ReadSome(p->conn(), out, bytes, &p->payload_got, deadline);
   if (absl::IsDeadlineExceeded(s)) {
     p->stash.assign(out, out + p->payload_got);
     return absl::DeadlineExceededError(absl::StrCat(what(), "got ", p->payload_got, " of ", bytes,
@@ -538,7 +743,7 @@ void TcpCommunicator::SenderLoop(Peer* p) {
       p->queue.pop_front();
       p->writing = true;
     }
-    absl::Status s = WriteAll(p->fd, frame.bytes.get(), frame.size, absl::InfiniteFuture());
+    absl::Status s = WriteAll(p->conn(), frame.bytes.get(), frame.size, absl::InfiniteFuture());
     {
       absl::MutexLock lock(&p->mu);
       p->writing = false;

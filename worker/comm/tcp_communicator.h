@@ -37,6 +37,17 @@
 // with the first reason. Since Send is asynchronous, a Send issued just as the
 // peer dies may still return OK; the failure shows on the next call.
 //
+// TLS (Options::tls set, the worker's --tls-* files): each connection is TLS
+// 1.3 with both certificates verified against the CA (tls_context.h) before
+// the hello, and every byte above (hello, frames) travels inside it. A peer
+// whose certificate the CA did not sign is refused: the acceptor drops it and
+// keeps waiting (a later timeout names it), the dialer's Connect fails at once
+// with FailedPrecondition naming TLS and the address. Without it nothing
+// changes: the plaintext path has no TLS code but one null check per call.
+// With TLS the sender thread and Recv share one OpenSSL session, which
+// OpenSSL does not allow at once: a per-peer mutex serializes the
+// non-blocking SSL calls, and the waits (poll) run outside it.
+//
 // Threading: Listen/Connect/the destructor on one thread; after Connect
 // returns OK, Send may be called from any thread and Recv from one thread per
 // peer at a time (the worker's compute thread calls both). The destructor must
@@ -54,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/tls_context.h"
 
 namespace tandem::worker {
 
@@ -70,6 +82,10 @@ class TcpCommunicator : public Communicator {
     // How long the destructor lets the sender threads flush queued messages
     // before it shuts the sockets down.
     absl::Duration close_linger = absl::Milliseconds(200);
+    // TLS with mutual authentication on every connection; null: plaintext.
+    // Every rank of a group must agree (a TLS rank and a plaintext one never
+    // connect: the handshake fails and Connect times out naming the peer).
+    std::shared_ptr<const TlsContext> tls;
   };
 
   static absl::StatusOr<std::unique_ptr<TcpCommunicator>> Listen(
@@ -103,12 +119,16 @@ class TcpCommunicator : public Communicator {
 
  private:
   struct Peer;
+  struct Link;  // a connected socket and, with TLS, its session
 
   TcpCommunicator(int32_t rank, int32_t world_size, const Options& options, int listen_fd,
                   std::string address);
-  absl::StatusOr<int> Dial(int32_t peer, const std::string& address, uint64_t epoch,
-                           absl::Time deadline);
-  absl::Status AcceptAll(std::vector<int>& fds, uint64_t epoch, absl::Time deadline);
+  absl::StatusOr<Link> Dial(int32_t peer, const std::string& address, uint64_t epoch,
+                            absl::Time deadline);
+  absl::Status AcceptAll(std::vector<Link>& links, uint64_t epoch, absl::Time deadline);
+  // The accepted connection's TLS handshake; PermissionDenied naming the
+  // peer's address when its certificate is refused.
+  absl::Status AcceptTls(Link& link, absl::Time deadline);
   absl::StatusOr<Peer*> CheckPeer(int32_t peer, size_t bytes, bool null_data);
   void SenderLoop(Peer* peer);
   // Records the first failure of `peer`'s connection and shuts it down.
