@@ -113,15 +113,22 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128i LoadHalves(const uint8_t
   return _mm_setr_epi16(half(0), half(1), half(2), half(3), 0, 0, 0, 0);
 }
 
-// y[i][j] (+)= dot(x row i0 + i, w row j) for an MR x NR tile.
+// y[i][j] (+)= dot(x row i0 + i, w row j) for an MR x NR tile. Each weight
+// block is unpacked once and multiplied by the MR rows of x, whose bytes are
+// read from L1 as memory operands: MR * NR accumulators, the unpacked block,
+// two constants and a temporary fill the 16 registers (an x row held in a
+// register as well would spill accumulators). `prefetch`: fetch the weight
+// rows two tiles ahead (the first pass over them streams from DRAM).
 template <int32_t kType, int MR, int NR>
 __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
-                                                   int64_t row_bytes, float* y, int64_t ldy, bool accumulate) {
+                                                   int64_t row_bytes, float* y, int64_t ldy, bool accumulate,
+                                                   bool prefetch) {
   constexpr int64_t kBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
                              : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
                                                             : portable::kQ4_1BlockBytes;
-  const int64_t nb = x.k / kBlock;
-  const int8_t* xq = x.q.data() + i0 * x.k;
+  const int64_t k = x.k;
+  const int64_t nb = k / kBlock;
+  const int8_t* xq = x.q.data() + i0 * k;
   const float* xd = x.d.data() + i0 * nb;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR][NR];
@@ -135,29 +142,38 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   // tiles ahead a few lines per block (a decode's matmul streams from DRAM).
   const uint8_t* ahead = w + 2 * NR * row_bytes;
   const int64_t ahead_step = (NR * row_bytes + nb - 1) / nb;
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t off = b * ahead_step; off < (b + 1) * ahead_step; off += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+  // The pairs' scales d_w * d_x of a run of blocks are computed first and
+  // read back as broadcasts from memory: built in registers, they cost two
+  // shuffles a pair and spill accumulators.
+  constexpr int64_t kRun = 32;
+  alignas(16) float scales[kRun][MR][4];
+  for (int64_t run = 0; run < nb; run += kRun) {
+    const int64_t run_end = std::min(nb, run + kRun);
+    for (int64_t b = run; b < run_end; ++b) {
+      const __m128 wd = _mm_cvtph_ps(LoadHalves<NR>(w + b * kBytes, row_bytes));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) _mm_store_ps(scales[b - run][i], _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
     }
-    __m256i xv[MR];
+    for (int64_t b = run; b < run_end; ++b) {
+      if (prefetch) {
+        for (int64_t off = b * ahead_step; off < (b + 1) * ahead_step; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+        }
+      }
+      const float* scale = scales[b - run][0];
+      const int8_t* xb = xq + b * kBlock;
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * x.k + b * kBlock));
-    // The pairs' scales d_w * d_x, four weight rows at a time.
-    const __m128 wd = _mm_cvtph_ps(LoadHalves<NR>(w + b * kBytes, row_bytes));
-    alignas(16) float scale[MR][4];
+      for (int j = 0; j < NR; ++j) {
+        const __m256i wv = LoadWeights<kType>(w + j * row_bytes + b * kBytes);
+        const __m256i wabs = kType == portable::kGgmlQ4_1 ? wv : _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) _mm_store_ps(scale[i], _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      const uint8_t* block = w + j * row_bytes + b * kBytes;
-      const __m256i wv = LoadWeights<kType>(block);
-      const __m256i wabs = kType == portable::kGgmlQ4_1 ? wv : _mm256_sign_epi8(wv, wv);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        // u8 x s8 pairs: the signed weights' signs move onto x.
-        const __m256i xsigned = kType == portable::kGgmlQ4_1 ? xv[i] : _mm256_sign_epi8(xv[i], wv);
-        const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsigned), ones);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[i][j]), _mm256_cvtepi32_ps(p32), acc[i][j]);
+        for (int i = 0; i < MR; ++i) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + i * k));
+          // u8 x s8 pairs: the signed weights' signs move onto x.
+          const __m256i xsigned = kType == portable::kGgmlQ4_1 ? xv : _mm256_sign_epi8(xv, wv);
+          const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsigned), ones);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 4 * i + j), _mm256_cvtepi32_ps(p32), acc[i][j]);
+        }
       }
     }
   }
@@ -185,29 +201,32 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
 }
 
 // Rows [i_begin, i_end) of x against `rows` weight rows, in chunks of x
-// rows that stay in L1 while each group of 4 weight rows passes over them.
+// rows that stay in L1 while each group of NR weight rows passes over them.
 template <int32_t kType>
 __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, int64_t i_begin, int64_t i_end,
                                                         const uint8_t* w, int64_t rows, int64_t row_bytes, float* y,
                                                         int64_t ldy, bool accumulate) {
   constexpr int kMR = 3;
+  constexpr int kNR = 4;
   const int64_t chunk = std::max<int64_t>(kMR, 16384 / x.k / kMR * kMR);
   for (int64_t c = i_begin; c < i_end; c += chunk) {
     const int64_t c_end = std::min(i_end, c + chunk);
     int64_t j = 0;
-    for (; j + 4 <= rows; j += 4) {
+    for (; j + kNR <= rows; j += kNR) {
+      const uint8_t* wj = w + j * row_bytes;
       int64_t i = c;
       for (; i + kMR <= c_end; i += kMR) {
-        TileAvx2<kType, kMR, 4>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+        TileAvx2<kType, kMR, kNR>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
       }
-      for (; i < c_end; ++i) TileAvx2<kType, 1, 4>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+      for (; i < c_end; ++i) TileAvx2<kType, 1, kNR>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
     }
     for (; j < rows; ++j) {
+      const uint8_t* wj = w + j * row_bytes;
       int64_t i = c;
       for (; i + kMR <= c_end; i += kMR) {
-        TileAvx2<kType, kMR, 1>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+        TileAvx2<kType, kMR, 1>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
       }
-      for (; i < c_end; ++i) TileAvx2<kType, 1, 1>(x, i, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy, accumulate);
+      for (; i < c_end; ++i) TileAvx2<kType, 1, 1>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
     }
   }
 }

@@ -56,8 +56,10 @@ TEST_P(QuantGemmTest, EqualsTheScalarReferenceBitForBit) {
   std::mt19937 rng(1);
   for (int32_t threads : {1, 2}) {
     ThreadPool pool(threads);
-    for (int64_t k : {32, 96, 576}) {
-      for (int64_t m : {1, 2, 3, 5}) {
+    // k = 1280: more blocks than the kernels' run of precomputed scales;
+    // m = 40: more rows than one chunk of x at k = 576 and 1280.
+    for (int64_t k : {32, 96, 576, 1280}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 40}) {
         for (int64_t n : {1, 3, 4, 5, 17, 67}) {
           std::vector<float> dense;
           const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
