@@ -116,6 +116,8 @@ absl::StatusOr<HttpApi> StartHttpApi(const SchedulerFlags& f, const ListenFlags&
   http_options.threads = static_cast<int>(f.http_threads);
   http_options.request_timeout_seconds = f.http_request_timeout;
   http_options.error_body = &openai::OpenAiFrontend::ErrorBodyOf;
+  http_options.tls_cert_file = f.https_cert;
+  http_options.tls_key_file = f.https_key;
   openai::OpenAiFrontend* frontend = api.frontend.get();
   auto server = http::HttpServer::Start(
       http_options, [frontend](http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
@@ -242,8 +244,9 @@ int Main(int argc, char** argv) {
     }
     http_api = *std::move(started);
     WritePortFile(listen.http_port_file, http_api->server->port());
-    std::fprintf(stderr, "tandem-scheduler: OpenAI API on http://%s:%d/v1 as model '%s'\n", listen.http_host.c_str(),
-                 http_api->server->port(), f.ServedModelName().c_str());
+    std::fprintf(stderr, "tandem-scheduler: OpenAI API on %s://%s:%d/v1 as model '%s'\n",
+                 f.https_cert.empty() ? "http" : "https", listen.http_host.c_str(), http_api->server->port(),
+                 f.ServedModelName().c_str());
   }
 
   const sigset_t signals = TerminationSignals();

@@ -1,6 +1,8 @@
 #include "scheduler/server/scheduler_flags.h"
 
+#include <fstream>
 #include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -36,12 +38,44 @@ void SchedulerFlags::Register(FlagParser* flags) {
   flags->AddDouble("shutdown-grace", &shutdown_grace,
                    "on SIGTERM or Ctrl-C, seconds to let requests in flight finish while refusing new ones "
                    "(0: stop at once; a second signal ends the wait)");
+  flags->AddString("https-cert", &https_cert,
+                   "PEM certificate (chain) to serve the HTTP port as HTTPS with (with --https-key; default: "
+                   "plain HTTP). Clients need no certificate");
+  flags->AddString("https-key", &https_key, "PEM private key of --https-cert");
 }
+
+namespace {
+
+// --https-cert and --https-key: both or none, each a readable file.
+absl::Status ValidateHttps(const std::string& cert, const std::string& key) {
+  if (cert.empty() && key.empty()) return absl::OkStatus();
+  const std::pair<const char*, const std::string*> files[] = {{"https-cert", &cert}, {"https-key", &key}};
+  for (const auto& [name, path] : files) {
+    if (path->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, " is missing: --https-cert and --https-key go together"));
+    }
+  }
+  for (const auto& [name, path] : files) {
+    if (path->find("$(") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " has an unresolved variable: '", *path, "'"));
+    }
+    std::ifstream in(*path);
+    if (!in || in.peek() == std::ifstream::traits_type::eof()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, ": cannot read '", *path, "' (missing, unreadable or empty)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void SchedulerFlags::RegisterTls(FlagParser* flags) { tls.Register(flags, "workers'"); }
 
 absl::Status SchedulerFlags::Validate() const {
   if (absl::Status s = tls.Validate(); !s.ok()) return s;
+  if (absl::Status s = ValidateHttps(https_cert, https_key); !s.ok()) return s;
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
   if (!(queue_timeout >= 0)) return absl::InvalidArgumentError("flag --queue-timeout must not be negative");
@@ -106,6 +140,8 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
   if (!trace_steps.empty()) args.push_back(flag("trace-steps", trace_steps));
   if (!api_key.empty()) args.push_back(flag("api-key", api_key));
   if (!served_model_name.empty()) args.push_back(flag("served-model-name", served_model_name));
+  if (!https_cert.empty()) args.push_back(flag("https-cert", https_cert));
+  if (!https_key.empty()) args.push_back(flag("https-key", https_key));
   return args;
 }
 

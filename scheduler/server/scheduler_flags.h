@@ -47,6 +47,11 @@ struct SchedulerFlags {
   // not Register: `tandem serve` keeps its processes on one machine and does
   // not take them; ToArgs does not forward them.
   rpc::TlsFiles tls;
+  // HTTPS on the HTTP port (--https-cert, --https-key, PEM; both or none):
+  // the OpenAI API's clients need no certificate. Registered by Register
+  // (tandem serve takes them and forwards them with ToArgs).
+  std::string https_cert;
+  std::string https_key;
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);

@@ -1,5 +1,7 @@
 #include "scheduler/server/scheduler_flags.h"
 
+#include <cstdio>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -105,6 +107,29 @@ TEST(SchedulerFlagsTest, TlsFlagsOnlyThroughRegisterTls) {
   ASSERT_TRUE(flags.Parse({"--tls-cert=/absent/c.pem"}).ok());
   EXPECT_THAT(std::string(f.Validate().message()), HasSubstr("flag --tls-key is missing"));
   for (const std::string& arg : f.ToArgs()) EXPECT_THAT(arg, ::testing::Not(HasSubstr("tls")));
+}
+
+// HTTPS: both files or none, each readable; Register takes them (so `tandem
+// serve` does) and ToArgs forwards them to the scheduler it starts.
+TEST(SchedulerFlagsTest, HttpsFlagsGoTogetherAndAreForwarded) {
+  auto alone = Parse({"--https-cert=/absent/c.pem"});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_THAT(std::string(alone->Validate().message()), HasSubstr("flag --https-key is missing"));
+  auto unreadable = Parse({"--https-cert=/absent/c.pem", "--https-key=/absent/k.pem"});
+  ASSERT_TRUE(unreadable.ok());
+  EXPECT_THAT(std::string(unreadable->Validate().message()), HasSubstr("flag --https-cert: cannot read"));
+  const std::string file = ::testing::TempDir() + "/https.pem";
+  FILE* out = std::fopen(file.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  std::fputs("-----BEGIN CERTIFICATE-----\n", out);
+  std::fclose(out);
+  auto both = Parse({"--https-cert=" + file, "--https-key=" + file});
+  ASSERT_TRUE(both.ok());
+  EXPECT_TRUE(both->Validate().ok()) << both->Validate();
+  auto again = Parse(both->ToArgs());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->https_cert, file);
+  EXPECT_EQ(again->https_key, file);
 }
 
 }  // namespace

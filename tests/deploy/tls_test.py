@@ -8,6 +8,10 @@ a CA and certificates made here by openssl (what a Kubernetes Secret would mount
   a worker that does not trust the scheduler's CA: exits 1 naming the TLS handshake
   the scheduler stays up and a worker with a good certificate forms the group:
       /ready answers 200 and a completion comes back
+  HTTPS on the API port (--https-cert/--https-key): the completion above goes
+      over HTTPS, checked against the test CA by Python's ssl; a plaintext
+      request to that port gets a clear 400 and the server serves on; a client
+      that does not trust the CA fails its handshake
 
 Usage: tls_test.py BIN_DIR WORK_DIR. Bounded: about 10 s; every wait has a deadline.
 """
@@ -15,8 +19,11 @@ import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 from polling import wait_for
@@ -75,11 +82,40 @@ def check_flags():
         check(f"{binary} accepts all three", r.returncode == 0, r.stderr)
 
 
+HTTPS = None  # ssl.SSLContext trusting the test CA, set by main
+
+
 def ready(http_port):
     try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=2).status == 200
+        return urllib.request.urlopen(f"https://127.0.0.1:{http_port}/ready", timeout=2,
+                                      context=HTTPS).status == 200
     except Exception:
         return False
+
+
+def check_https(http_port):
+    """A plaintext request to the HTTPS port, and a client distrusting the CA."""
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=10)
+        check("plaintext HTTP to the HTTPS port is refused", False, "it was answered 2xx")
+    except urllib.error.HTTPError as e:
+        body = e.read().decode()
+        check("plaintext HTTP to the HTTPS port gets 400 naming HTTPS",
+              e.code == 400 and "HTTPS" in body and '"error"' in body, f"{e.code} {body!r}")
+    # Garbage that is neither TLS nor HTTP: the connection just closes.
+    with socket.create_connection(("127.0.0.1", http_port), timeout=10) as sock:
+        sock.sendall(b"\x00" * 64)
+        sock.settimeout(10)
+        while sock.recv(4096):
+            pass
+    distrustful = ssl.create_default_context()  # the system's CAs, not ours
+    try:
+        urllib.request.urlopen(f"https://127.0.0.1:{http_port}/ready", timeout=10, context=distrustful)
+        check("a client that does not trust the CA fails", False, "it connected")
+    except urllib.error.URLError as e:
+        check("a client that does not trust the CA fails its handshake",
+              isinstance(e.reason, ssl.SSLCertVerificationError), repr(e))
+    check("the HTTPS API still serves after them", ready(http_port))
 
 
 def main():
@@ -93,6 +129,8 @@ def main():
     make_leaf("worker", "ca", "DNS:worker")
     make_leaf("rogue", "other", "DNS:worker")
     check_flags()
+    global HTTPS
+    HTTPS = ssl.create_default_context(cafile=f"{WORK}/ca.crt")
 
     port_file, http_port_file = f"{WORK}/port", f"{WORK}/http_port"
     procs = []
@@ -107,7 +145,8 @@ def main():
     try:
         scheduler = subprocess.Popen([f"{BIN}/tandem-scheduler", f"--model={model}", "--port=0",
                                       f"--port-file={port_file}", "--http-port=0",
-                                      f"--http-port-file={http_port_file}", *tls_flags("scheduler", "ca")],
+                                      f"--http-port-file={http_port_file}", *tls_flags("scheduler", "ca"),
+                                      f"--https-cert={WORK}/scheduler.crt", f"--https-key={WORK}/scheduler.key"],
                                      stderr=open(f"{WORK}/scheduler.log", "w"))
         procs.append(scheduler)
         wait_for("the scheduler's ports", lambda: os.path.exists(http_port_file) and os.path.getsize(http_port_file))
@@ -132,10 +171,13 @@ def main():
         check("a worker with a good certificate forms the group", ready(http_port),
               open(f"{WORK}/good.log").read())
         body = json.dumps({"model": "tiny", "prompt": "a b c", "max_tokens": 4}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/completions", data=body,
+        request = urllib.request.Request(f"https://127.0.0.1:{http_port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
-        answer = json.load(urllib.request.urlopen(request, timeout=30))
-        check("a generation over TLS", answer["usage"]["completion_tokens"] == 4, answer)
+        answer = json.load(urllib.request.urlopen(request, timeout=30, context=HTTPS))
+        check("a generation over TLS, asked over HTTPS", answer["usage"]["completion_tokens"] == 4, answer)
+        check_https(http_port)
+        answer = json.load(urllib.request.urlopen(request, timeout=30, context=HTTPS))
+        check("another completion over HTTPS after them", answer["usage"]["completion_tokens"] == 4, answer)
         print("1 passed, 0 failed")
     finally:
         for p in procs:

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -15,8 +16,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detect_ssl.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +32,8 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -60,11 +66,13 @@ std::string Serialize(ResponseHead& head, const HeaderList& headers, bool keep_a
   return std::move(out).str();
 }
 
+template <class Stream>
 class Session;
 
+template <class Stream>
 class Writer : public ResponseWriter {
  public:
-  Writer(std::shared_ptr<Session> session, uint64_t generation)
+  Writer(std::shared_ptr<Session<Stream>> session, uint64_t generation)
       : session_(std::move(session)), generation_(generation) {}
 
   void Respond(int status, std::string content_type, std::string body, HeaderList headers) override;
@@ -75,16 +83,23 @@ class Writer : public ResponseWriter {
   void OnClientGone(std::function<void()> fn) override;
 
  private:
-  const std::shared_ptr<Session> session_;
+  const std::shared_ptr<Session<Stream>> session_;
   const uint64_t generation_;  // which of the connection's requests this answers
 };
 
-// One connection. Every member runs on the connection's strand.
-class Session : public std::enable_shared_from_this<Session> {
+// One connection, plain (PlainStream) or HTTPS (TlsStream). Every member
+// runs on the connection's strand.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
+  // `tls`: the server's context, for an HTTPS session (nothing for plain).
+  template <class... Tls>
   Session(tcp::socket socket, const HttpServerOptions* options, const Handler* handler,
-          std::atomic<int>* active_responses)
-      : stream_(std::move(socket)),
+          std::atomic<int>* active_responses, Tls&... tls)
+      : stream_(std::move(socket), tls...),
         options_(options),
         handler_(handler),
         active_responses_(active_responses),
@@ -92,7 +107,13 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() { EndResponse(); }
 
   void Start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kTls) {
+        self->DetectTls();
+      } else {
+        self->ReadRequest();
+      }
+    });
   }
 
   void Post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
@@ -146,11 +167,45 @@ class Session : public std::enable_shared_from_this<Session> {
     awaiting_ = false;
     read_timer_.cancel();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    tcp().close();
   }
 
  private:
+  // The TCP layer under the stream (the stream itself when plain).
+  beast::tcp_stream& tcp() { return beast::get_lowest_layer(stream_); }
+
+  // HTTPS: the first bytes tell a TLS client from a plaintext one, which is
+  // answered 400 in plaintext (it could read nothing else) and closed; a
+  // failed handshake closes this connection only. Both within the request
+  // timeout.
+  void DetectTls() {
+    tcp().expires_after(Millis(options_->request_timeout_seconds));
+    beast::async_detect_ssl(tcp(), buffer_, [self = shared_from_this()](beast::error_code ec, bool tls) {
+      if (ec) return self->Close();
+      if (!tls) return self->RefusePlaintext();
+      if constexpr (kTls) {
+        self->stream_.async_handshake(net::ssl::stream_base::server, self->buffer_.data(),
+                                      [self](beast::error_code ec, size_t used) {
+                                        if (ec) return self->Close();
+                                        self->buffer_.consume(used);
+                                        self->ReadRequest();
+                                      });
+      }
+    });
+  }
+
+  void RefusePlaintext() {
+    const std::string message = "this port serves HTTPS only: use an https:// URL";
+    ErrorBody error =
+        options_->error_body ? options_->error_body(400, message) : ErrorBody{"text/plain", message};
+    ResponseHead head = MakeHead(400, error.content_type);
+    head.content_length(error.body.size());
+    writing_bytes_ = Serialize(head, {}, /*keep_alive=*/false) + error.body;
+    net::async_write(tcp(), net::buffer(writing_bytes_),
+                     [self = shared_from_this()](beast::error_code, size_t) { self->Close(); });
+  }
+
   bool Current(uint64_t generation) const { return generation == generation_ && handling_ && !gone_; }
 
   // Reading, in two phases: the next request's first byte may take up to the
@@ -164,12 +219,12 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(std::min<size_t>(options_->max_header_bytes, UINT32_MAX)));
     parser_->body_limit(options_->max_body_bytes);
-    stream_.expires_never();
+    tcp().expires_never();
     request_timed_out_ = false;
     ArmReadTimer(options_->request_timeout_seconds, [this] {
       request_timed_out_ = true;
       beast::error_code ignored;
-      stream_.socket().cancel(ignored);  // the read ends with operation_aborted
+      tcp().socket().cancel(ignored);  // the read ends with operation_aborted
     });
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
@@ -223,7 +278,7 @@ class Session : public std::enable_shared_from_this<Session> {
       RejectAndClose(400, absl::StrCat("malformed HTTP request: ", ec.message()));
       return;
     }
-    stream_.expires_never();
+    tcp().expires_never();
     bhttp::request<bhttp::string_body> raw = parser_->release();
     HttpRequest request;
     request.method = std::string(raw.method_string());
@@ -239,7 +294,7 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = raw.keep_alive();
     head_ = raw.method() == bhttp::verb::head;
     BeginResponse();
-    auto writer = std::make_shared<Writer>(shared_from_this(), generation_);
+    auto writer = std::make_shared<Writer<Stream>>(shared_from_this(), generation_);
     Watch();
     (*handler_)(std::move(request), std::move(writer));
   }
@@ -280,7 +335,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Watch() {
     if (watching_ || gone_ || closed_ || buffer_.size() > 0) return;
     watching_ = true;
-    stream_.expires_never();  // the read direction only, when a write is pending
+    tcp().expires_never();  // the read direction only, when a write is pending
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->watching_ = false;
       if (ec) {
@@ -320,7 +375,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     writing_ = true;
     // A client that stops reading is treated as gone once a write stalls.
-    stream_.expires_after(Millis(options_->write_timeout_seconds));
+    tcp().expires_after(Millis(options_->write_timeout_seconds));
     // Everything queued goes out in one write.
     writing_bytes_.clear();
     for (std::string& piece : pending_) writing_bytes_ += piece;
@@ -360,8 +415,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // still sends for a few seconds, then close.
   void Drain() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(std::chrono::seconds(5));
+    tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    tcp().expires_after(std::chrono::seconds(5));
     DrainSome();
   }
   void DrainSome() {
@@ -375,7 +430,7 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   const HttpServerOptions* const options_;
   const Handler* const handler_;
   std::atomic<int>* const active_responses_;
@@ -402,29 +457,37 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string writing_bytes_;
 };
 
-void Writer::Respond(int status, std::string content_type, std::string body, HeaderList headers) {
+template <class Stream>
+void Writer<Stream>::Respond(int status, std::string content_type, std::string body, HeaderList headers) {
   session_->Post([s = session_, g = generation_, status, content_type = std::move(content_type), body = std::move(body),
                   headers = std::move(headers)]() mutable {
     s->DoRespond(g, status, content_type, std::move(body), headers);
   });
 }
 
-void Writer::StartStream(int status, std::string content_type, HeaderList headers) {
+template <class Stream>
+void Writer<Stream>::StartStream(int status, std::string content_type, HeaderList headers) {
   session_->Post([s = session_, g = generation_, status, content_type = std::move(content_type),
                   headers = std::move(headers)] { s->DoStartStream(g, status, content_type, headers); });
 }
 
-void Writer::Write(std::string data) {
+template <class Stream>
+void Writer<Stream>::Write(std::string data) {
   session_->Post([s = session_, g = generation_, data = std::move(data)] { s->DoWrite(g, data); });
 }
 
-void Writer::End() {
+template <class Stream>
+void Writer<Stream>::End() {
   session_->Post([s = session_, g = generation_] { s->DoEnd(g); });
 }
 
-void Writer::Post(std::function<void()> fn) { session_->Post(std::move(fn)); }
+template <class Stream>
+void Writer<Stream>::Post(std::function<void()> fn) {
+  session_->Post(std::move(fn));
+}
 
-void Writer::OnClientGone(std::function<void()> fn) {
+template <class Stream>
+void Writer<Stream>::OnClientGone(std::function<void()> fn) {
   session_->Post([s = session_, g = generation_, fn = std::move(fn)]() mutable { s->DoOnClientGone(g, std::move(fn)); });
 }
 
@@ -436,6 +499,7 @@ class HttpServer::Impl {
       : options_(std::move(options)), handler_(std::move(handler)), io_(options_.threads), acceptor_(io_), retry_(io_) {}
 
   absl::Status Listen() {
+    if (absl::Status s = LoadTls(); !s.ok()) return s;
     beast::error_code ec;
     const auto address = net::ip::make_address(options_.host, ec);
     if (ec) return absl::InvalidArgumentError(absl::StrCat("bad --host '", options_.host, "': ", ec.message()));
@@ -495,13 +559,43 @@ class HttpServer::Impl {
       }
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), &options_, &handler_, &active_responses_)->Start();
+      if (tls_ != nullptr) {
+        std::make_shared<Session<TlsStream>>(std::move(socket), &options_, &handler_, &active_responses_, *tls_)
+            ->Start();
+      } else {
+        std::make_shared<Session<PlainStream>>(std::move(socket), &options_, &handler_, &active_responses_)
+            ->Start();
+      }
       Accept();
     });
   }
 
+  // HTTPS when both files are set: TLS 1.2 or 1.3, no client certificate.
+  absl::Status LoadTls() {
+    if (options_.tls_cert_file.empty() && options_.tls_key_file.empty()) return absl::OkStatus();
+    if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("HTTPS needs both a certificate and its key");
+    }
+    tls_ = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+    tls_->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                      net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1);
+    beast::error_code ec;
+    tls_->use_certificate_chain_file(options_.tls_cert_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HTTPS certificate '", options_.tls_cert_file, "' unusable: ", ec.message()));
+    }
+    tls_->use_private_key_file(options_.tls_key_file, net::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HTTPS key '", options_.tls_key_file, "' unusable: ", ec.message()));
+    }
+    return absl::OkStatus();
+  }
+
   const HttpServerOptions options_;
   const Handler handler_;
+  std::unique_ptr<net::ssl::context> tls_;  // null: plain HTTP
   // Before io_: sessions still queued in io_ are destroyed with it and count down.
   std::atomic<int> active_responses_{0};
   net::io_context io_;

@@ -95,6 +95,11 @@ struct HttpServerOptions {
   // closes the connection, as a hang-up does.
   double write_timeout_seconds = 60;
   ErrorBodyRenderer error_body;       // unset: the message as text/plain
+  // HTTPS on the port when both are set (PEM files; the scheduler's
+  // --https-cert/--https-key): TLS 1.2 or 1.3, no client certificate. A
+  // plaintext request there is answered 400 in plaintext and closed.
+  std::string tls_cert_file;  // the certificate chain
+  std::string tls_key_file;   // its private key
 };
 
 // Every ResponseWriter must be released before the server is destroyed (a
