@@ -212,20 +212,10 @@ absl::Status CpuBackend::PagedAttention(const AttentionParams& p) {
       const BlockId* table = p.block_tables + p.block_table_start[seq];
       const float* q = p.q + (int64_t{t} * p.num_heads + h) * p.head_dim;
       const int64_t head_offset = int64_t{h / group} * p.head_dim;
-      auto row = [&](const float* cache, int32_t j) {
-        const int64_t slot = int64_t{table[j / p.block_size]} * p.block_size + j % p.block_size;
-        return cache + slot * kv_width + head_offset;
-      };
+      const cpu::PagedRows rows{p.cache.k + head_offset, p.cache.v + head_offset, table, p.block_size, kv_width};
       if (scores.size() < static_cast<size_t>(pos + 1)) scores.resize(pos + 1);
-      float max = -INFINITY;
-      for (int32_t j = 0; j <= pos; ++j) {
-        scores[j] = cpu::Dot(q, row(p.cache.k, j), p.head_dim) * p.scale;
-        max = std::max(max, scores[j]);
-      }
-      const float inv_sum = 1.0f / cpu::ExpShiftSum(scores.data(), max, pos + 1);
       float* out = p.out + (int64_t{t} * p.num_heads + h) * p.head_dim;
-      std::fill(out, out + p.head_dim, 0.0f);
-      for (int32_t j = 0; j <= pos; ++j) cpu::ScaleAdd(out, 1.0f, scores[j] * inv_sum, row(p.cache.v, j), p.head_dim);
+      cpu::AttendRow(q, rows, pos + 1, p.head_dim, p.scale, scores.data(), out);
     }
   });
   return absl::OkStatus();

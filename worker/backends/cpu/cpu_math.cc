@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace tandem::worker::cpu {
@@ -35,7 +36,7 @@ __attribute__((target("avx2,fma"))) float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(sums);
 }
 
-__attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b, int64_t n) {
+__attribute__((target("avx2,fma"))) inline float DotAvx2(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -49,7 +50,9 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* a, const float* b
   return sum;
 }
 
-__attribute__((target("avx2,fma"))) void ScaleAddAvx2(float* y, float scale, float a, const float* x,
+// Not inlined: with scale known to be 1 the compiler would fold y * 1 and
+// contract the scalar tail differently from a call (AttendRow must equal it).
+__attribute__((target("avx2,fma"), noinline)) void ScaleAddAvx2(float* y, float scale, float a, const float* x,
                                                         int64_t n) {
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256 va = _mm256_set1_ps(a);
@@ -91,7 +94,7 @@ __attribute__((target("avx2,fma"))) __m256 Exp(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-__attribute__((target("avx2,fma"))) float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
+__attribute__((target("avx2,fma"))) inline float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
   const __m256 s = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
@@ -117,20 +120,87 @@ __attribute__((target("avx2,fma"))) void SiluMulAvx2(float* x, const float* y, i
   for (; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i])) * y[i];
 }
 
+// The loops below visit rows a block at a time (no division per row):
+// block `blk` holds rows [blk * block_size, ...) at BlockBase.
+inline const float* BlockBase(const PagedRows& rows, const float* cache, int32_t blk) {
+  return cache + int64_t{rows.table[blk]} * rows.block_size * rows.stride;
+}
+
+void AttendRowPortable(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
+                       float* out) {
+  float max = -INFINITY;
+  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
+    const float* key = BlockBase(rows, rows.k, blk);
+    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, key += rows.stride) {
+      scores[j] = DotPortable(q, key, dim) * scale;
+      max = std::max(max, scores[j]);
+    }
+  }
+  const float inv_sum = 1.0f / ExpShiftSumPortable(scores, max, n);
+  std::fill(out, out + dim, 0.0f);
+  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
+    const float* value = BlockBase(rows, rows.v, blk);
+    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
+      ScaleAddPortable(out, 1.0f, scores[j] * inv_sum, value, dim);
+    }
+  }
+}
+
+// out = sum_j (weights[j] * inv_sum) v_j over kVectors * 8 floats held in
+// registers (y * 1 + a x is y + a x exactly: ScaleAddAvx2 with scale 1).
+template <int kVectors>
+__attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& rows, int32_t n, const float* weights,
+                                                             float inv_sum, float* out) {
+  __m256 acc[kVectors];
+  for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_setzero_ps();
+  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
+    const float* value = BlockBase(rows, rows.v, blk);
+    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
+      const __m256 a = _mm256_set1_ps(weights[j] * inv_sum);
+      for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(value + 8 * i), acc[i]);
+    }
+  }
+  for (int i = 0; i < kVectors; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+__attribute__((target("avx2,fma"))) void AttendRowAvx2(const float* q, const PagedRows& rows, int32_t n,
+                                                         int64_t dim, float scale, float* scores, float* out) {
+  float max = -INFINITY;
+  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
+    const float* key = BlockBase(rows, rows.k, blk);
+    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, key += rows.stride) {
+      scores[j] = DotAvx2(q, key, dim) * scale;
+      max = std::max(max, scores[j]);
+    }
+  }
+  const float inv_sum = 1.0f / ExpShiftSumAvx2(scores, max, n);
+  if (dim == 64) return AccumulateRowsAvx2<8>(rows, n, scores, inv_sum, out);
+  if (dim == 128) return AccumulateRowsAvx2<16>(rows, n, scores, inv_sum, out);
+  std::fill(out, out + dim, 0.0f);
+  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
+    const float* value = BlockBase(rows, rows.v, blk);
+    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
+      ScaleAddAvx2(out, 1.0f, scores[j] * inv_sum, value, dim);
+    }
+  }
+}
+
 struct Dispatch {
   bool avx2;
   float (*dot)(const float*, const float*, int64_t);
   void (*scale_add)(float*, float, float, const float*, int64_t);
   float (*exp_shift_sum)(float*, float, int64_t);
   void (*silu_mul)(float*, const float*, int64_t);
+  void (*attend_row)(const float*, const PagedRows&, int32_t, int64_t, float, float*, float*);
 };
 
 const Dispatch& Table() {
   static const Dispatch table = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2}
-                : Dispatch{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable};
+    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendRowAvx2}
+                : Dispatch{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable,
+                           AttendRowPortable};
   }();
   return table;
 }
@@ -141,6 +211,10 @@ float Dot(const float* a, const float* b, int64_t n) { return Table().dot(a, b, 
 void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n) { Table().scale_add(y, scale, a, x, n); }
 float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_sum(x, shift, n); }
 void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
+void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
+               float* out) {
+  Table().attend_row(q, rows, n, dim, scale, scores, out);
+}
 bool UsingAvx2() { return Table().avx2; }
 
 }  // namespace tandem::worker::cpu

@@ -19,6 +19,21 @@ void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n);
 float ExpShiftSum(float* x, float shift, int64_t n);
 // x[i] = x[i] / (1 + exp(-x[i])) * y[i]  (SiLU gate times up projection)
 void SiluMul(float* x, const float* y, int64_t n);
+// Keys and values of one sequence in a paged cache: row j of `k` (or `v`) is
+// at ((table[j / block_size] * block_size + j % block_size) * stride).
+struct PagedRows {
+  const float* k;
+  const float* v;
+  const int32_t* table;
+  int32_t block_size;
+  int64_t stride;
+};
+// One query's attention over rows [0, n): out = softmax(q . k_j * scale) v_j.
+// `scores` has room for n. The same arithmetic as Dot, ExpShiftSum and
+// ScaleAdd (scale 1) one row at a time, so the result equals that loop bit for
+// bit, with the output row kept in registers and no call per row.
+void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
+               float* out);
 // Whether the AVX2 versions are in use.
 bool UsingAvx2();
 
