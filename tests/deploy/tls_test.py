@@ -6,6 +6,8 @@ a CA and certificates made here by openssl (what a Kubernetes Secret would mount
   a worker whose certificate another CA signed: refused by the scheduler (its log
       says the handshake failed), the worker exits 1 naming TLS
   a worker that does not trust the scheduler's CA: exits 1 naming the TLS handshake
+  a plaintext worker (no --tls-*): exits 1 within seconds saying the scheduler
+      requires TLS, instead of waiting for ever
   the scheduler stays up and a worker with a good certificate forms the group:
       /ready answers 200 and a completion comes back
   HTTPS on the API port (--https-cert/--https-key): the completion above goes
@@ -137,7 +139,7 @@ def main():
 
     def worker(name, leaf, ca):
         p = subprocess.Popen([f"{BIN}/tandem-worker", f"--model={model}", f"--scheduler=127.0.0.1:{grpc_port}",
-                              "--kv-cache-memory=64MiB", "--threads=1", *tls_flags(leaf, ca)],
+                              "--kv-cache-memory=64MiB", "--threads=1", *(tls_flags(leaf, ca) if leaf else [])],
                              stderr=open(f"{WORK}/{name}.log", "w"))
         procs.append(p)
         return p
@@ -153,15 +155,18 @@ def main():
         grpc_port = int(open(port_file).read())
         http_port = int(open(http_port_file).read())
 
-        # Both refusals at once: each takes a few of gRPC's reconnect attempts.
+        # The refusals at once: each takes a few of gRPC's reconnect attempts.
         rogue = worker("rogue", "rogue", "ca")
         distrustful = worker("distrustful", "worker", "other")
-        for name, p in (("rogue", rogue), ("distrustful", distrustful)):
+        plaintext = worker("plaintext", None, None)
+        for name, p in (("rogue", rogue), ("distrustful", distrustful), ("plaintext", plaintext)):
             code = p.wait(timeout=30)
             log = open(f"{WORK}/{name}.log").read()
             check(f"the {name} worker exits 1 naming TLS", code == 1 and "TLS" in log, f"rc {code}, log {log!r}")
         check("the distrustful worker names the failed handshake",
               "TLS handshake" in open(f"{WORK}/distrustful.log").read())
+        check("the plaintext worker says the scheduler requires TLS",
+              "requires TLS" in open(f"{WORK}/plaintext.log").read())
         scheduler_log = open(f"{WORK}/scheduler.log").read()
         check("the scheduler's log says it refused a handshake", "Handshake failed" in scheduler_log, scheduler_log)
         check("the scheduler is still up and not ready", scheduler.poll() is None and not ready(http_port))

@@ -59,11 +59,15 @@ absl::Status AwaitScheduler(const std::shared_ptr<grpc::Channel>& channel, const
           "TLS handshake with the scheduler at ", target, " failed (", message,
           "): this worker's --tls-ca must sign the scheduler's certificate, which must name the host of ", target));
     }
-    closed = tls && absl::StrContains(absl::AsciiStrToLower(message), "socket closed") ? closed + 1 : 0;
+    // A plaintext worker at a TLS scheduler sees the same: the scheduler
+    // closes what is not a TLS handshake.
+    closed = absl::StrContains(absl::AsciiStrToLower(message), "socket closed") ? closed + 1 : 0;
     if (closed >= kClosedAttemptsToRefuse) {
-      return absl::UnavailableError(absl::StrCat(
-          "the scheduler at ", target, " closed every TLS handshake (", message,
-          "): it refuses this worker's certificate; the scheduler's --tls-ca must sign --tls-cert"));
+      return absl::UnavailableError(
+          tls ? absl::StrCat("the scheduler at ", target, " closed every TLS handshake (", message,
+                             "): it refuses this worker's certificate; the scheduler's --tls-ca must sign --tls-cert")
+              : absl::StrCat("the scheduler at ", target, " closed every connection (", message,
+                             "): it most likely requires TLS; give this worker --tls-cert, --tls-key and --tls-ca"));
     }
     // Not up yet, or refusing: wait for the channel's next attempt (gRPC's
     // backoff); the bound keeps counting when the state stays put.

@@ -20,7 +20,9 @@
 namespace tandem::worker {
 
 // OK once the scheduler answers; Unavailable naming TLS when a handshake
-// fails (only when `tls`: a plaintext worker waits as before).
+// fails, or (a plaintext worker) when the scheduler closes every connection,
+// as one that requires TLS does: a few seconds, not for ever. A scheduler
+// that is not up yet (connection refused) is waited for.
 absl::Status AwaitScheduler(const std::shared_ptr<grpc::Channel>& channel, const std::string& target, bool tls);
 
 }  // namespace tandem::worker
