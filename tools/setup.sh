@@ -56,6 +56,26 @@ PY
   rm -rf "$tmp"
 fi
 
+# xgrammar's C++ core (structured output, scheduler/server/structured/), built by our CMake
+# from its pinned PyPI source distribution, unpacked into the git-ignored third_party/.
+xgrammar_version=0.2.9
+xgrammar_sha256=87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90
+if [ ! -f "third_party/xgrammar-$xgrammar_version/cpp/grammar_matcher.cc" ]; then
+  echo "tandem setup: fetching xgrammar $xgrammar_version (source) into third_party/"
+  tmp=$(mktemp -d)
+  # --no-binary fetches the sdist; pip prepares its metadata with the build backend's wheels.
+  .venv/bin/pip download --quiet --disable-pip-version-check --no-deps --no-binary xgrammar -d "$tmp" \
+    "xgrammar==$xgrammar_version"
+  echo "$xgrammar_sha256  $tmp/xgrammar-$xgrammar_version.tar.gz" | sha256sum --check --quiet
+  mkdir -p third_party
+  tar -xzf "$tmp/xgrammar-$xgrammar_version.tar.gz" -C third_party
+  rm -rf "$tmp"
+fi
+# jsonschema validates structured outputs in tests/openai.
+if ! .venv/bin/python3 -c "import jsonschema" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check jsonschema==4.25.1
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${TANDEM_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build build -j"$(nproc)"
 

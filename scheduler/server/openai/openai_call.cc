@@ -127,6 +127,12 @@ void OpenAiCall::Start() {
     spec.sampling.max_tokens = request_.max_tokens.value_or(chat() ? room : std::min(16, room));
     spec.sampling.min_tokens = std::min(spec.sampling.min_tokens, spec.sampling.max_tokens);
     if (tokenizer_->eos_token_id() >= 0) spec.sampling.eos_token_id = tokenizer_->eos_token_id();
+    if (setup_.grammar != nullptr) {
+      // The structure may end on any token that ends the request.
+      std::vector<TokenId> stops = spec.sampling.stop_token_ids;
+      if (spec.sampling.eos_token_id) stops.push_back(*spec.sampling.eos_token_id);
+      spec.grammar = structured::GrammarFactory::NewGrammar(setup_.grammar, std::move(stops));
+    }
     // Choices with one seed would all be the same; each gets its own.
     if (spec.sampling.seed) *spec.sampling.seed += i % request_.n;
     // Outputs are posted to this strand, so none is handled before this returns.

@@ -22,6 +22,7 @@
 #include "scheduler/server/openai/text_stream.h"
 #include "scheduler/server/http/http_server.h"
 #include "scheduler/server/serving_engine.h"
+#include "scheduler/server/structured/grammar_factory.h"
 
 namespace tandem::openai {
 
@@ -31,6 +32,8 @@ struct CallSetup {
   int64_t created = 0;
   std::chrono::steady_clock::time_point arrival;
   int32_t max_model_len = 0;
+  // The request's compiled structured output (each choice gets its own matcher); null: free text.
+  std::shared_ptr<const structured::CompiledStructure> grammar;
 };
 
 class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {

@@ -188,6 +188,11 @@ void OpenAiFrontend::HandleGeneration(Endpoint endpoint, const http::HttpRequest
   }
 
   CallSetup setup;
+  if (r.structured) {
+    absl::StatusOr<std::shared_ptr<const structured::CompiledStructure>> grammar = grammars_.Compile(*r.structured);
+    if (!grammar.ok()) return RespondError(*writer, BadRequest(std::string(grammar.status().message()), r.structured->param));
+    setup.grammar = *std::move(grammar);
+  }
   setup.id = absl::StrCat(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-", RandomHex(),
                           next_call_.fetch_add(1));
   setup.model = options_.served_model_name;

@@ -33,6 +33,7 @@
 #include "scheduler/server/openai/openai_protocol.h"
 #include "scheduler/server/http/http_server.h"
 #include "scheduler/server/serving_engine.h"
+#include "scheduler/server/structured/grammar_factory.h"
 
 namespace tandem::openai {
 
@@ -80,6 +81,7 @@ class OpenAiFrontend {
   const Tokenizer* const tokenizer_;
   const absl::StatusOr<ChatTemplate> chat_template_;
   std::vector<TokenId> end_of_turn_ids_;  // stop tokens of a chat turn
+  structured::GrammarFactory grammars_{tokenizer_};  // structured output, compiled once per structure
   scheduler::ServingMetrics* const metrics_;
   const std::function<GroupView()> group_;
   const int64_t created_;  // the "created" of /v1/models

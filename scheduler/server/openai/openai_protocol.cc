@@ -1,6 +1,9 @@
 #include "scheduler/server/openai/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -174,6 +177,139 @@ void ParseStop(const Json* v, Fields* f, std::vector<std::string>* stop) {
   }
 }
 
+using structured::StructuredKind;
+using structured::StructuredSpec;
+
+// The value at `path` as the client wrote it, keys in their order:
+// nlohmann::json sorts keys, but a schema's property order is the order its
+// output's keys come in.
+std::string OrderedDump(std::string_view body, std::initializer_list<const char*> path) {
+  const nlohmann::ordered_json json = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::ordered_json* v = &json;
+  for (const char* key : path) {
+    // Present, since the caller read it from the same body; checked all the same.
+    auto it = v->is_object() ? v->find(key) : v->end();
+    if (it == v->end()) return "";
+    v = &*it;
+  }
+  return v->dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+void SetStructured(StructuredSpec spec, Fields* f, GenerationRequest* r) {
+  if (r->structured) {
+    return f->Fail(absl::StrCat("only one structured-output constraint may be given; got '", r->structured->param,
+                                "' and '", spec.param, "'"),
+                   spec.param);
+  }
+  r->structured = std::move(spec);
+}
+
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}.
+void ParseResponseFormat(const Json* v, std::string_view body, Fields* f, GenerationRequest* r) {
+  if (v == nullptr) return;
+  constexpr char kParam[] = "response_format";
+  auto type = v->is_object() ? v->find("type") : v->end();
+  if (type == v->end() || !type->is_string()) {
+    return f->Fail("'response_format' must be an object with a string 'type'", kParam);
+  }
+  const std::string kind = type->get<std::string>();
+  if (kind == "text") return;
+  if (kind == "json_object") return SetStructured({StructuredKind::kJsonObject, "", {}, kParam}, f, r);
+  if (kind != "json_schema") {
+    return f->Fail(absl::StrCat("unknown response_format type '", kind,
+                                "'; expected 'text', 'json_object' or 'json_schema'"),
+                   kParam);
+  }
+  auto spec = v->find("json_schema");
+  if (spec == v->end() || !spec->is_object()) {
+    return f->Fail("'response_format' of type 'json_schema' needs a 'json_schema' object", kParam);
+  }
+  auto name = spec->find("name");
+  if (name != spec->end() && !name->is_string()) return f->Fail("'response_format.json_schema.name' must be a string", kParam);
+  auto strict = spec->find("strict");
+  if (strict != spec->end() && !strict->is_null() && !strict->is_boolean()) {
+    return f->Fail("'response_format.json_schema.strict' must be a boolean", kParam);
+  }
+  auto schema = spec->find("schema");
+  if (schema == spec->end() || !schema->is_object()) {
+    return f->Fail("'response_format.json_schema.schema' must be a JSON schema object", kParam);
+  }
+  SetStructured({StructuredKind::kJsonSchema, OrderedDump(body, {"response_format", "json_schema", "schema"}), {}, kParam},
+                f, r);
+}
+
+// One constraint of vLLM's: a schema (an object, or a string holding one),
+// a regex, a grammar, or a list of choices. `path` locates `v` in the body.
+void ParseConstraint(StructuredKind kind, const Json& v, std::string_view body,
+                     std::initializer_list<const char*> path, std::string param, Fields* f, GenerationRequest* r) {
+  StructuredSpec spec{kind, "", {}, param};
+  switch (kind) {
+    case StructuredKind::kJsonSchema:
+      if (v.is_string()) {
+        spec.text = v.get<std::string>();
+      } else if (v.is_object()) {
+        spec.text = OrderedDump(body, path);
+      } else {
+        return f->Fail(absl::StrCat("'", param, "' must be a JSON schema (an object or a string)"), param);
+      }
+      break;
+    case StructuredKind::kChoice:
+      if (!v.is_array() || v.empty()) return f->Fail(absl::StrCat("'", param, "' must be a non-empty list of strings"), param);
+      for (const Json& c : v) {
+        if (!c.is_string() || c.get<std::string>().empty()) {
+          return f->Fail(absl::StrCat("'", param, "' must be a non-empty list of non-empty strings"), param);
+        }
+        spec.choices.push_back(c.get<std::string>());
+      }
+      break;
+    case StructuredKind::kJsonObject:
+      if (!v.is_boolean()) return f->Fail(absl::StrCat("'", param, "' must be a boolean"), param);
+      if (!v.get<bool>()) return;
+      break;
+    default:  // a regex or a grammar
+      if (!v.is_string() || v.get<std::string>().empty()) {
+        return f->Fail(absl::StrCat("'", param, "' must be a non-empty string"), param);
+      }
+      spec.text = v.get<std::string>();
+  }
+  SetStructured(std::move(spec), f, r);
+}
+
+// vLLM's guided_* fields and their newer form, structured_outputs.
+void ParseGuided(std::string_view body, Fields* f, GenerationRequest* r) {
+  static constexpr struct {
+    const char* name;
+    StructuredKind kind;
+  } kGuided[] = {{"guided_json", StructuredKind::kJsonSchema},
+                 {"guided_regex", StructuredKind::kRegex},
+                 {"guided_choice", StructuredKind::kChoice},
+                 {"guided_grammar", StructuredKind::kGrammar}};
+  for (const auto& g : kGuided) {
+    if (const Json* v = f->Get(g.name)) ParseConstraint(g.kind, *v, body, {g.name}, g.name, f, r);
+  }
+  f->Unsupported("guided_whitespace_pattern", nullptr);
+  const Json* so = f->Get("structured_outputs");
+  if (so == nullptr) return;
+  if (!so->is_object()) return f->Fail("'structured_outputs' must be an object", "structured_outputs");
+  static constexpr struct {
+    const char* name;
+    StructuredKind kind;
+  } kKeys[] = {{"json", StructuredKind::kJsonSchema},
+               {"regex", StructuredKind::kRegex},
+               {"choice", StructuredKind::kChoice},
+               {"grammar", StructuredKind::kGrammar},
+               {"json_object", StructuredKind::kJsonObject}};
+  for (const auto& [key, value] : so->items()) {
+    if (value.is_null()) continue;
+    // Nothing to fall back to, and free whitespace is never allowed (compact JSON).
+    if ((key == "disable_fallback" || key == "disable_any_whitespace") && value.is_boolean()) continue;
+    const std::string param = absl::StrCat("structured_outputs.", key);
+    const auto* known = std::find_if(std::begin(kKeys), std::end(kKeys), [&key](const auto& k) { return key == k.name; });
+    if (known == std::end(kKeys)) return f->Fail(absl::StrCat("'", param, "' is not supported by this server"), param);
+    ParseConstraint(known->kind, value, body, {"structured_outputs", known->name}, param, f, r);
+  }
+}
+
 // Whether `body` nests arrays and objects deeper than `limit`, counting
 // brackets outside strings. Linear and recursion-free; on text that is not
 // JSON the answer does not matter (the parser refuses it anyway).
@@ -310,8 +446,8 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   f.Unsupported("tools", Json::array());
   f.Unsupported("functions", Json::array());
   f.Unsupported("tool_choice", "none");
-  f.Unsupported("response_format", Json{{"type", "text"}});
-  f.Unsupported("guided_json", nullptr);
+  ParseResponseFormat(f.Get("response_format"), body, &f, &r);
+  ParseGuided(body, &f, &r);
   if (const Json* v = f.Get("best_of")) {
     if (!v->is_number_integer() || v->get<int64_t>() != r.n) {
       f.Fail("'best_of' other than 'n' is not supported by this server", "best_of");

@@ -5,9 +5,11 @@
 // Validation follows OpenAI's documented ranges (temperature in [0, 2],
 // penalties in [-2, 2], ...), vLLM's extensions (top_k, min_p,
 // repetition_penalty, ignore_eos, min_tokens, stop_token_ids) and refuses
-// what we do not implement (echo, best_of, tools, response_format, ...)
-// by name instead of ignoring it. Unknown fields are ignored, as OpenAI
-// clients send fields of their own.
+// what we do not implement (echo, best_of, tools, ...) by name instead of
+// ignoring it. Unknown fields are ignored, as OpenAI clients send fields of
+// their own. Structured output (response_format, guided_*,
+// structured_outputs) is read here, one constraint per request; the frontend
+// compiles it (scheduler/server/structured/).
 #ifndef TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_PROTOCOL_H_
 #define TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_PROTOCOL_H_
 
@@ -21,6 +23,7 @@
 #include "common/types.h"
 #include "scheduler/server/openai/chat_template.h"
 #include "scheduler/core/sampling_params.h"
+#include "scheduler/server/structured/structured_spec.h"
 
 namespace tandem::openai {
 
@@ -64,6 +67,8 @@ struct GenerationRequest {
   // value unless it runs the priority policy (--scheduling-policy=priority).
   int32_t priority = 0;
   std::string user;
+  // Structured output (response_format, vLLM's guided_* or structured_outputs); absent: free text.
+  std::optional<structured::StructuredSpec> structured;
 };
 
 // Parses and validates a request body. Sampling defaults are OpenAI's

@@ -147,6 +147,83 @@ TEST(OpenAiProtocolTest, BadInputIsNamed) {
   EXPECT_THAT(ParseError(Endpoint::kCompletions, "").message, HasSubstr("not valid JSON"));
 }
 
+// Structured output: response_format on both endpoints, vLLM's guided_* and
+// structured_outputs; one constraint per request; a schema keeps the
+// client's key order (it is the order of the output's keys).
+TEST(OpenAiProtocolTest, StructuredOutputFields) {
+  using structured::StructuredKind;
+  const GenerationRequest object = ParseOk(
+      Endpoint::kChatCompletions,
+      R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(object.structured.has_value());
+  EXPECT_EQ(object.structured->kind, StructuredKind::kJsonObject);
+  EXPECT_EQ(object.structured->param, "response_format");
+
+  const GenerationRequest schema = ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "response_format":
+      {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+       "schema": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}}}})");
+  ASSERT_TRUE(schema.structured.has_value());
+  EXPECT_EQ(schema.structured->kind, StructuredKind::kJsonSchema);
+  EXPECT_EQ(schema.structured->text,
+            R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}})");
+
+  EXPECT_FALSE(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "response_format": {"type": "text"}})")
+                   .structured.has_value());
+  EXPECT_FALSE(ParseOk(Endpoint::kCompletions, R"({"prompt": "x"})").structured.has_value());
+
+  const GenerationRequest regex = ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "guided_regex": "[0-9]+"})");
+  EXPECT_EQ(regex.structured->kind, StructuredKind::kRegex);
+  EXPECT_EQ(regex.structured->text, "[0-9]+");
+  const GenerationRequest choice = ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "guided_choice": ["a", "b c"]})");
+  EXPECT_EQ(choice.structured->kind, StructuredKind::kChoice);
+  EXPECT_THAT(choice.structured->choices, ::testing::ElementsAre("a", "b c"));
+  const GenerationRequest grammar =
+      ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "guided_grammar": "root ::= \"a\""})");
+  EXPECT_EQ(grammar.structured->kind, StructuredKind::kGrammar);
+  const GenerationRequest json_string =
+      ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "guided_json": "{\"type\": \"integer\"}"})");
+  EXPECT_EQ(json_string.structured->text, R"({"type": "integer"})");
+  const GenerationRequest newer = ParseOk(
+      Endpoint::kCompletions, R"({"prompt": "x", "structured_outputs": {"json": {"b": 1, "a": 2}, "disable_fallback": true}})");
+  EXPECT_EQ(newer.structured->kind, StructuredKind::kJsonSchema);
+  EXPECT_EQ(newer.structured->text, R"({"b":1,"a":2})");
+  EXPECT_EQ(newer.structured->param, "structured_outputs.json");
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "structured_outputs": {"choice": ["y"]}})")
+                .structured->kind,
+            StructuredKind::kChoice);
+
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* says;
+  };
+  const Case bad[] = {
+      {R"({"prompt": "x", "response_format": {"type": "yaml"}})", "response_format", "unknown response_format type 'yaml'"},
+      {R"({"prompt": "x", "response_format": "json"})", "response_format", "'type'"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})", "response_format", "'json_schema' object"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})", "response_format",
+       "schema"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}})",
+       "response_format", "strict"},
+      {R"({"prompt": "x", "guided_choice": []})", "guided_choice", "non-empty list"},
+      {R"({"prompt": "x", "guided_choice": ["a", 1]})", "guided_choice", "strings"},
+      {R"({"prompt": "x", "guided_regex": 5})", "guided_regex", "string"},
+      {R"({"prompt": "x", "guided_json": 5})", "guided_json", "JSON schema"},
+      {R"({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]})", "guided_choice", "only one"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}, "guided_regex": "a"})", "guided_regex", "only one"},
+      {R"({"prompt": "x", "structured_outputs": {"structural_tag": "t"}})", "structured_outputs.structural_tag",
+       "not supported"},
+      {R"({"prompt": "x", "structured_outputs": []})", "structured_outputs", "object"},
+      {R"({"prompt": "x", "guided_whitespace_pattern": " *"})", "guided_whitespace_pattern", "not supported"},
+  };
+  for (const Case& c : bad) {
+    const ApiError e = ParseError(Endpoint::kCompletions, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
+  }
+}
+
 // vLLM's `priority`: any integer, 0 when absent, on both endpoints. Whether
 // a non-zero value is allowed is the engine's call (its scheduling policy).
 TEST(OpenAiProtocolTest, PriorityIsAnIntegerDefaultingToZero) {

@@ -1,0 +1,168 @@
+"""Structured output (issue 14) on a real `tandem serve` with SmolLM2: every
+constrained output parses and validates against its schema (jsonschema),
+choices and regexes hold, uncompilable structures get a 400, and the
+deferred-sampling path gives the same tokens with async scheduling on and off
+at queue depths 1-3 (PP 1 and 2), with structured and free requests mixed;
+the step trace shows step N+1 launched before step N's output is processed."""
+import concurrent.futures
+import json
+import os
+import re
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import Server, _require_model
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+    },
+    "required": ["name", "age", "city", "tags"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Describe a person who lives in a European capital, as JSON."}]
+
+
+def schema_format(schema, name="person"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def test_chat_json_schema_validates(client):
+    r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=120, temperature=0,
+                                       response_format=schema_format(PERSON))
+    content = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", content
+    jsonschema.validate(json.loads(content), PERSON)
+    # The schema's key order is the output's.
+    assert list(json.loads(content)) == ["name", "age", "city", "tags"]
+
+
+def test_sampled_choices_all_validate(client):
+    r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=120, temperature=1.0, seed=5,
+                                       n=4, response_format=schema_format(PERSON))
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+
+
+def test_completions_json_schema_and_stream(client):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 30},
+                                               "sure": {"type": "boolean"}},
+              "required": ["answer", "sure"]}
+    r = client.completions.create(model="smollm2", prompt="Q: What is the capital of France? A JSON answer:",
+                                  max_tokens=60, temperature=0, extra_body={"response_format": schema_format(schema)})
+    jsonschema.validate(json.loads(r.choices[0].text), schema)
+    stream = client.completions.create(model="smollm2", prompt="Q: Is the sky blue? A JSON answer:", max_tokens=60,
+                                       temperature=0, stream=True, extra_body={"guided_json": schema})
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object(client):
+    r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=100, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_guided_choice_regex_grammar(client):
+    choices = ["Paris", "London", "Berlin"]
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Capital of France?"}],
+                                       max_tokens=10, temperature=0.8, seed=1, n=3,
+                                       extra_body={"guided_choice": choices})
+    for c in r.choices:
+        assert c.message.content in choices
+    r = client.completions.create(model="smollm2", prompt="Call me at", max_tokens=20, temperature=0.8, seed=2, n=3,
+                                  extra_body={"guided_regex": r"\(\d{3}\) \d{3}-\d{4}"})
+    for c in r.choices:
+        assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", c.text), c.text
+    r = client.completions.create(model="smollm2", prompt="Yes or no:", max_tokens=20, temperature=0,
+                                  extra_body={"guided_grammar": 'root ::= ("yes" | "no") "!"'})
+    assert r.choices[0].text in ("yes!", "no!")
+    r = client.completions.create(model="smollm2", prompt="Pick:", max_tokens=10, temperature=0,
+                                  extra_body={"structured_outputs": {"choice": ["left", "right"]}})
+    assert r.choices[0].text in ("left", "right")
+
+
+@pytest.mark.parametrize("body,says", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
+     "no-such-type"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_grammar": "root ::= missing_rule"}, "guided_grammar"),
+    ({"response_format": {"type": "yaml"}}, "unknown response_format type 'yaml'"),
+])
+def test_bad_structures_get_400(client, body, says):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smollm2", prompt="x", max_tokens=5, extra_body=body)
+    assert e.value.status_code == 400
+    assert says in str(e.value), str(e.value)
+    # The server still serves.
+    assert client.completions.create(model="smollm2", prompt="x", max_tokens=2).choices
+
+
+# --- the deferred-sampling path: same tokens whatever the queue depth --------------------------------------------
+
+SMALL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "rank": {"type": "integer"},
+                                          "big": {"type": "boolean"}},
+         "required": ["city", "rank", "big"]}
+PROMPTS = ["Paris is", "The best city", "Rome was", "London has", "In Berlin", "Madrid"]
+
+
+def mixed_batch(base):
+    """Three structured and three free requests at once, greedy."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def one(i):
+        extra = {"response_format": schema_format(SMALL, "small")} if i % 2 == 0 else {}
+        r = client.completions.create(model="smollm2", prompt=PROMPTS[i], max_tokens=40, temperature=0,
+                                      extra_body=extra)
+        return r.choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(one, range(len(PROMPTS))))
+
+
+def deferred_samples(trace_path):
+    """(scheduled step, the step before it) pairs where a structured step's forward
+    was launched before its predecessor's output was processed."""
+    processed, overlaps = set(), []
+    with open(trace_path) as f:
+        for line in f:
+            event = json.loads(line)
+            seq = int(event["step"].get("step_seq", 0))
+            if event["event"] == "output":
+                processed.add(seq)
+            elif event["step"].get("pending_structured_output_tokens") and seq - 1 not in processed:
+                overlaps.append((seq, seq - 1))
+    return overlaps
+
+
+def test_async_equals_sync_at_depths_1_to_3(tmp_path):
+    _require_model()
+    results, overlaps = {}, {}
+    for pp in (1, 2):
+        for async_on in (True, False):
+            trace = os.path.join(tmp_path, f"trace-pp{pp}-{async_on}.jsonl")
+            args = ["--pipeline-parallel-size", str(pp), "--async-scheduling" if async_on else "--no-async-scheduling",
+                    "--trace-steps", trace]
+            s = Server(extra_args=args, log_name=f"serve-pp{pp}-{async_on}.log", tmp_path=str(tmp_path))
+            try:
+                results[(pp, async_on)] = mixed_batch(s.base)
+            finally:
+                s.stop()
+            overlaps[(pp, async_on)] = deferred_samples(trace)
+    reference = results[(1, False)]  # queue depth 1
+    for i, text in enumerate(reference):
+        if i % 2 == 0:
+            jsonschema.validate(json.loads(text), SMALL)
+    for key, texts in results.items():
+        assert texts == reference, key
+    # Async scheduling overlaps a structured step's forward with its predecessor (queue depths 2 and 3);
+    # synchronous scheduling never has a step in flight when it plans the next.
+    assert overlaps[(1, True)] and overlaps[(2, True)], overlaps
+    assert not overlaps[(1, False)] and not overlaps[(2, False)], overlaps
