@@ -245,6 +245,22 @@ void WorkerServer::Post(Outgoing outgoing) {
   outbox_.push_back(std::move(outgoing));
 }
 
+void WorkerServer::SendOrPost(SchedulerLink* link, uint64_t step_seq, v1::ModelRunnerOutput output) {
+  {
+    absl::MutexLock lock(&out_mu_);
+    // Nothing ahead of it: sending here keeps the step order and saves the
+    // hop to the output thread (scheduler/README.md §6).
+    if (outbox_.empty() && !output_sending_ && failed_epoch_ != epoch_) {
+      v1::WorkerMessage result;
+      result.mutable_result()->set_epoch(epoch_);
+      *result.mutable_result()->mutable_output() = std::move(output);
+      link->Send(result);
+      return;
+    }
+  }
+  Post({epoch_, step_seq, nullptr, absl::OkStatus(), std::move(output)});
+}
+
 void WorkerServer::ReportError(uint64_t step_seq, const absl::Status& status) {
   broken_ = true;
   if (step_seq == 0) {
@@ -264,12 +280,57 @@ void WorkerServer::SendError(SchedulerLink* link, int64_t epoch, uint64_t step_s
   link->Send(message);
 }
 
-void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* link) {
+bool WorkerServer::StepsAllowed() {
+  if (broken_ || !running()) return false;
   // A step that failed on the output thread breaks the epoch here too.
-  auto output_failed = [this] {
-    absl::MutexLock lock(&out_mu_);
-    return failed_epoch_ == epoch_;
-  };
+  absl::MutexLock lock(&out_mu_);
+  broken_ = failed_epoch_ == epoch_;
+  return !broken_;
+}
+
+void WorkerServer::ExecuteStep(const v1::SchedulerOutput& step) {
+  if (!StepsAllowed()) return;
+  ++steps_;
+  if (absl::Status s = fake_ ? fake_->Execute(step) : runner_->Execute(step); !s.ok()) {
+    ReportError(step.step_seq(), s);
+  }
+}
+
+void WorkerServer::SampleStep(const v1::SampleCommand& command, SchedulerLink* link) {
+  if (!StepsAllowed()) return;
+  const uint64_t seq = command.step_seq();
+  if (fake_ != nullptr) {
+    absl::StatusOr<v1::ModelRunnerOutput> output = fake_->Sample(command);
+    if (!output.ok()) {
+      ReportError(seq, output.status());
+      return;
+    }
+    SendOrPost(link, seq, *std::move(output));
+    return;
+  }
+  if (absl::Status s = runner_->Sample(command); !s.ok()) {
+    ReportError(seq, s);
+    return;
+  }
+  // The copy of the ids may be in flight: then the output thread waits for it.
+  absl::StatusOr<std::shared_ptr<StepOutput>> output = runner_->TakeOutput(seq);
+  if (!output.ok()) {
+    ReportError(seq, output.status());
+    return;
+  }
+  if ((*output)->Done()) {  // the ids are on the host already (the CPU backend)
+    absl::StatusOr<v1::ModelRunnerOutput> ready = (*output)->Serialize();
+    if (!ready.ok()) {
+      ReportError(seq, ready.status());
+      return;
+    }
+    SendOrPost(link, seq, *std::move(ready));
+    return;
+  }
+  Post({epoch_, seq, *std::move(output), absl::OkStatus(), std::nullopt});
+}
+
+void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* link) {
   switch (message.kind_case()) {
     case v1::SchedulerMessage::kConfigure:
       if (absl::Status s = Configure(message.configure(), link); !s.ok()) ReportError(0, s);
@@ -286,38 +347,11 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
       return;
     }
     case v1::SchedulerMessage::kExecute:
-      if (broken_ || !running() || (broken_ = output_failed())) return;
-      ++steps_;
-      if (absl::Status s = fake_ ? fake_->Execute(message.execute()) : runner_->Execute(message.execute());
-          !s.ok()) {
-        ReportError(message.execute().step_seq(), s);
-      }
+      ExecuteStep(message.execute());
       return;
-    case v1::SchedulerMessage::kSample: {
-      if (broken_ || !running() || (broken_ = output_failed())) return;
-      const uint64_t seq = message.sample().step_seq();
-      if (fake_ != nullptr) {
-        absl::StatusOr<v1::ModelRunnerOutput> output = fake_->Sample(message.sample());
-        if (!output.ok()) {
-          ReportError(seq, output.status());
-          return;
-        }
-        Post({epoch_, seq, nullptr, absl::OkStatus(), *std::move(output)});
-        return;
-      }
-      if (absl::Status s = runner_->Sample(message.sample()); !s.ok()) {
-        ReportError(seq, s);
-        return;
-      }
-      // The copy of the ids is in flight: the output thread waits for it.
-      absl::StatusOr<std::shared_ptr<StepOutput>> output = runner_->TakeOutput(seq);
-      if (!output.ok()) {
-        ReportError(seq, output.status());
-        return;
-      }
-      Post({epoch_, seq, *std::move(output), absl::OkStatus(), std::nullopt});
+    case v1::SchedulerMessage::kSample:
+      SampleStep(message.sample(), link);
       return;
-    }
     default:
       return;
   }
@@ -340,25 +374,32 @@ void WorkerServer::OutputLoop(SchedulerLink* link) {
       item = std::move(outbox_.front());
       outbox_.pop_front();
       if (item.epoch == failed_epoch_) continue;  // the epoch's failure was reported once
+      output_sending_ = true;  // the compute thread must not overtake it
     }
-    absl::StatusOr<v1::ModelRunnerOutput> output =
-        item.output != nullptr ? item.output->Serialize()
-        : item.ready     ? absl::StatusOr<v1::ModelRunnerOutput>(*std::move(item.ready))
-                         : absl::StatusOr<v1::ModelRunnerOutput>(item.error);
-    item.output.reset();
-    if (!output.ok()) {
-      {
-        absl::MutexLock lock(&out_mu_);
-        failed_epoch_ = item.epoch;
-      }
-      SendError(link, item.epoch, item.step_seq, output.status());
-      continue;
-    }
-    v1::WorkerMessage result;
-    result.mutable_result()->set_epoch(item.epoch);
-    *result.mutable_result()->mutable_output() = *std::move(output);
-    link->Send(result);
+    Send(link, std::move(item));
+    absl::MutexLock lock(&out_mu_);
+    output_sending_ = false;
   }
+}
+
+void WorkerServer::Send(SchedulerLink* link, Outgoing item) {
+  absl::StatusOr<v1::ModelRunnerOutput> output =
+      item.output != nullptr ? item.output->Serialize()
+      : item.ready     ? absl::StatusOr<v1::ModelRunnerOutput>(*std::move(item.ready))
+                       : absl::StatusOr<v1::ModelRunnerOutput>(item.error);
+  item.output.reset();
+  if (!output.ok()) {
+    {
+      absl::MutexLock lock(&out_mu_);
+      failed_epoch_ = item.epoch;
+    }
+    SendError(link, item.epoch, item.step_seq, output.status());
+    return;
+  }
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(item.epoch);
+  *result.mutable_result()->mutable_output() = *std::move(output);
+  link->Send(result);
 }
 
 absl::Status WorkerServer::Run(SchedulerLink* link) {

@@ -8,7 +8,7 @@
 //                   distinct GPUs, TCP otherwise), build the runner, answer
 //                   Ready;
 //   Execute/Sample  run the step; the last stage's results go out through
-//                   the output thread.
+//                   the output thread, or at once when nothing waits (below).
 // Messages arrive from the transport's threads through OnMessage, which only
 // enqueues. An error in a step is reported once; the worker then ignores
 // steps until the next ConfigureGroup.
@@ -16,8 +16,11 @@
 // The output thread (scheduler/README.md §1, §6): after Sample(k) the compute
 // thread hands the step's StepOutput to the output thread and goes on to step
 // k+1 while the device copies step k's ids to the host. The output thread
-// waits for the copy, serializes the result and sends it. Step results and
-// step errors (from either thread) leave through it in step order; an error
+// waits for the copy, serializes the result and sends it. A result whose
+// copy is already done (the CPU backend, --fake-model) is sent by the compute
+// thread itself when the outbox is empty and the output thread is not
+// sending: a thread hop fewer, the order kept. Step results and step errors
+// (from either thread) otherwise leave through it in step order; an error
 // on the output thread fails the step exactly as one on the compute thread
 // (a WorkerError with the step's sequence number; later steps of the epoch
 // are ignored). Runner state stays on the compute thread (model_runner.h).
@@ -127,8 +130,18 @@ class WorkerServer {
   absl::Status ConnectFake(const v1::ConnectGroup& connect);
   int64_t KvBytesPerBlock(const WorkerOptions& options) const;
   void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  // Whether this epoch still runs steps (not broken here or on the output thread).
+  bool StepsAllowed() ABSL_LOCKS_EXCLUDED(out_mu_);
+  void ExecuteStep(const v1::SchedulerOutput& step) ABSL_LOCKS_EXCLUDED(out_mu_);
+  void SampleStep(const v1::SampleCommand& command, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
   void ReportError(uint64_t step_seq, const absl::Status& status) ABSL_LOCKS_EXCLUDED(out_mu_);
   void Post(Outgoing outgoing) ABSL_LOCKS_EXCLUDED(out_mu_);
+  // A result whose ids are on the host: sent from the compute thread when
+  // nothing waits ahead of it in the outbox, posted otherwise.
+  void SendOrPost(SchedulerLink* link, uint64_t step_seq, v1::ModelRunnerOutput output)
+      ABSL_LOCKS_EXCLUDED(out_mu_);
+  // The output thread: serializes one item and sends it.
+  void Send(SchedulerLink* link, Outgoing item) ABSL_LOCKS_EXCLUDED(out_mu_);
   // The output thread's loop; returns once stop_output_ is set.
   void OutputLoop(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
   void SendError(SchedulerLink* link, int64_t epoch, uint64_t step_seq, const absl::Status& status);
@@ -164,6 +177,8 @@ class WorkerServer {
   absl::Mutex out_mu_;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(out_mu_);
   bool stop_output_ ABSL_GUARDED_BY(out_mu_) = false;
+  // The output thread is sending an item it took from the outbox.
+  bool output_sending_ ABSL_GUARDED_BY(out_mu_) = false;
   // The epoch in which a step failed (0: none): its later steps are dropped.
   int64_t failed_epoch_ ABSL_GUARDED_BY(out_mu_) = 0;
   std::thread output_thread_;
