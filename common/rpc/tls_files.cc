@@ -8,10 +8,15 @@ namespace tandem::rpc {
 
 void TlsFiles::Register(FlagParser* flags, const std::string& peer) {
   flags->AddString("tls-cert", &cert,
-                   "PEM certificate this process presents on the scheduler<->worker gRPC port (mutual TLS; with "
-                   "--tls-key and --tls-ca, or none of them: plaintext)");
+                   "PEM certificate this process presents for mutual TLS on the scheduler's gRPC port (workers: "
+                   "also to each other; with --tls-key and --tls-ca, or none of them: plaintext)");
   flags->AddString("tls-key", &key, "PEM private key of --tls-cert");
   flags->AddString("tls-ca", &ca, absl::StrCat("PEM CA certificate(s) that must sign the ", peer, " certificates"));
+}
+
+std::vector<std::string> TlsFiles::ToArgs() const {
+  if (!enabled()) return {};
+  return {absl::StrCat("--tls-cert=", cert), absl::StrCat("--tls-key=", key), absl::StrCat("--tls-ca=", ca)};
 }
 
 absl::Status TlsFiles::Validate() const {

@@ -12,6 +12,7 @@
 #define TANDEM_COMMON_RPC_TLS_FILES_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/flags.h"
@@ -27,6 +28,9 @@ struct TlsFiles {
   // checks ("workers'", "the scheduler's").
   void Register(FlagParser* flags, const std::string& peer);
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+  // The flags again ("--tls-cert=...", ...), for a launcher's children;
+  // empty when not enabled.
+  std::vector<std::string> ToArgs() const;
   // InvalidArgument naming the flag: all three or none, each a readable file.
   absl::Status Validate() const;
 };

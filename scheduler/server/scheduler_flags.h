@@ -43,9 +43,11 @@ struct SchedulerFlags {
   double http_request_timeout = 30;  // seconds from a request's first byte to its last
   double shutdown_grace = 30;  // seconds
   // Mutual TLS on the gRPC port (--tls-cert, --tls-key, --tls-ca): workers
-  // must present a certificate --tls-ca signed. Registered by RegisterTls,
-  // not Register: `tandem serve` keeps its processes on one machine and does
-  // not take them; ToArgs does not forward them.
+  // and gRPC clients must present a certificate --tls-ca signed. Registered
+  // by RegisterTls, not Register, since tandem-worker registers the same
+  // names: `tandem serve` calls RegisterTls once and gives the same files to
+  // the scheduler and every worker (LocalCluster); ToArgs does not forward
+  // them.
   rpc::TlsFiles tls;
   // HTTPS on the HTTP port (--https-cert, --https-key, PEM; both or none):
   // the OpenAI API's clients need no certificate. Registered by Register
@@ -55,7 +57,7 @@ struct SchedulerFlags {
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);
-  // The --tls-* flags (tandem-scheduler only).
+  // The --tls-* flags (tandem-scheduler, and tandem serve for all its processes).
   void RegisterTls(FlagParser* flags);
   // What can be checked before the model is read: the ranges the parser
   // does not know and the engine configuration, but for the pool size.

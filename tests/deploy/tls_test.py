@@ -14,8 +14,12 @@ a CA and certificates made here by openssl (what a Kubernetes Secret would mount
       over HTTPS, checked against the test CA by Python's ssl; a plaintext
       request to that port gets a clear 400 and the server serves on; a client
       that does not trust the CA fails its handshake
+  tandem serve with the same --tls-* for all its processes, --https-* and 2
+      pipeline stages (so the worker-to-worker channel is TLS too): ready; `tandem
+      generate --connect` with a client certificate gets the greedy ids of the
+      plaintext in-process engine, and without one fails within seconds
 
-Usage: tls_test.py BIN_DIR WORK_DIR. Bounded: about 10 s; every wait has a deadline.
+Usage: tls_test.py BIN_DIR WORK_DIR. Bounded: about 15 s; every wait has a deadline.
 """
 import json
 import os
@@ -120,6 +124,43 @@ def check_https(http_port):
     check("the HTTPS API still serves after them", ready(http_port))
 
 
+def check_serve(model):
+    """tandem serve with TLS everywhere and PP=2; tandem generate --connect with and without a certificate."""
+    log_path = f"{WORK}/serve.log"
+    serve = subprocess.Popen([f"{BIN}/tandem", "serve", f"--model={model}", "--port=0", "--grpc-port=0",
+                              "--pipeline-parallel-size=2", "--kv-cache-memory=64MiB", "--threads=1",
+                              *tls_flags("scheduler", "ca"), f"--https-cert={WORK}/scheduler.crt",
+                              f"--https-key={WORK}/scheduler.key"],
+                             stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), start_new_session=True)
+    try:
+        def ready_line():
+            text = open(log_path).read()
+            return "ready: OpenAI API on" in text or serve.poll() is not None
+        wait_for("tandem serve ready with TLS", ready_line, 60)
+        text = open(log_path).read()
+        check("tandem serve forms a TLS group of 2 stages", serve.poll() is None and "mutual TLS" in text, text)
+        target = text.split("gRPC on ")[1].split()[0]
+        check("its workers' channel is TLS", text.count("worker channel: mutual TLS") == 2, text)
+        generate = [f"{BIN}/tandem", "generate", "--prompt=a b c", "--max-tokens=8", "--ignore-eos", "--json"]
+        remote = subprocess.run([*generate, f"--connect={target}", *tls_flags("worker", "ca")],
+                                capture_output=True, text=True, timeout=60)
+        check("tandem generate --connect with a client certificate", remote.returncode == 0, remote.stderr)
+        local = subprocess.run([*generate, f"--model={model}", "--pipeline-parallel-size=2", "--threads=1",
+                                "--kv-cache-memory=64MiB"], capture_output=True, text=True, timeout=60, check=True)
+        ids = [json.loads(r.stdout.strip().splitlines()[-1])["ids"] for r in (remote, local)]
+        check("its greedy ids equal the plaintext in-process engine's", ids[0] == ids[1] and len(ids[0]) == 8, ids)
+        bare = subprocess.run([*generate, f"--connect={target}"], capture_output=True, text=True, timeout=30)
+        check("tandem generate --connect without a certificate fails", bare.returncode != 0, bare.stderr)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGTERM)
+            try:
+                serve.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
@@ -183,6 +224,7 @@ def main():
         check_https(http_port)
         answer = json.load(urllib.request.urlopen(request, timeout=30, context=HTTPS))
         check("another completion over HTTPS after them", answer["usage"]["completion_tokens"] == 4, answer)
+        check_serve(model)
         print("1 passed, 0 failed")
     finally:
         for p in procs:

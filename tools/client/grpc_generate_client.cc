@@ -5,17 +5,29 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/rpc/grpc_options.h"
+#include "common/rpc/tls_credentials.h"
 #include "scheduler/wire/step_codec.h"
 #include "tandem/v1/generate_service.grpc.pb.h"
 
 namespace tandem::tools {
+namespace {
+
+absl::StatusOr<std::unique_ptr<v1::Generate::Stub>> Connect(const std::string& target, const rpc::TlsFiles& tls) {
+  auto credentials = rpc::MakeChannelCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  return v1::Generate::NewStub(rpc::MakeChannel(target, *credentials));
+}
+
+}  // namespace
 
 absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const std::string& prompt,
                                                   const scheduler::SamplingParams& sampling,
                                                   const std::function<void(const std::string&)>& on_text,
                                                   const std::vector<TokenId>& prompt_token_ids,
-                                                  const std::string& request_id) {
-  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+                                                  const std::string& request_id, const rpc::TlsFiles& tls) {
+  auto connected = Connect(target, tls);
+  if (!connected.ok()) return connected.status();
+  auto& stub = *connected;
   v1::GenerateRequest request;
   request.set_prompt(prompt);
   request.set_request_id(request_id);
@@ -38,8 +50,15 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
 }
 
 RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId>& prompt_token_ids,
-                            const scheduler::SamplingParams& sampling, double deadline_s) {
-  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+                            const scheduler::SamplingParams& sampling, double deadline_s,
+                            const rpc::TlsFiles& tls) {
+  RemoteStream out;
+  auto connected = Connect(target, tls);
+  if (!connected.ok()) {
+    out.status = connected.status();
+    return out;
+  }
+  auto& stub = *connected;
   v1::GenerateRequest request;
   request.mutable_prompt_token_ids()->Add(prompt_token_ids.begin(), prompt_token_ids.end());
   scheduler::EncodeSamplingParams(sampling, false, request.mutable_sampling());
@@ -47,7 +66,6 @@ RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId
   const auto start = std::chrono::system_clock::now();
   context.set_deadline(start + std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::duration<double>(deadline_s)));
-  RemoteStream out;
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
@@ -59,8 +77,10 @@ RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId
   return out;
 }
 
-absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
-  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target, const rpc::TlsFiles& tls) {
+  auto connected = Connect(target, tls);
+  if (!connected.ok()) return connected.status();
+  auto& stub = *connected;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::HealthRequest request;
@@ -80,8 +100,11 @@ absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target) {
   return health;
 }
 
-absl::StatusOr<bool> AbortRemotely(const std::string& target, const std::string& request_id) {
-  auto stub = v1::Generate::NewStub(rpc::MakeChannel(target));
+absl::StatusOr<bool> AbortRemotely(const std::string& target, const std::string& request_id,
+                                   const rpc::TlsFiles& tls) {
+  auto connected = Connect(target, tls);
+  if (!connected.ok()) return connected.status();
+  auto& stub = *connected;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::AbortRequest request;

@@ -1,5 +1,11 @@
 // GenerateRemotely: one request through a tandem-scheduler's Generate API,
 // as `tandem generate --connect` and the benchmarks use it.
+//
+// `tls`: a scheduler with --tls-* requires a client certificate on its gRPC
+// port from every client, these too: the same three files (tls_files.h),
+// this client's certificate signed by the scheduler's --tls-ca, and the CA
+// that signed the scheduler's (which must name the host of `target`). None:
+// plaintext. Unreadable files: InvalidArgument naming the flag.
 #ifndef TANDEM_TOOLS_CLIENT_GRPC_GENERATE_CLIENT_H_
 #define TANDEM_TOOLS_CLIENT_GRPC_GENERATE_CLIENT_H_
 
@@ -8,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/tls_files.h"
 #include "scheduler/core/sampling_params.h"
 
 namespace tandem::tools {
@@ -25,7 +32,8 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
                                                   const scheduler::SamplingParams& sampling,
                                                   const std::function<void(const std::string&)>& on_text = nullptr,
                                                   const std::vector<TokenId>& prompt_token_ids = {},
-                                                  const std::string& request_id = "");
+                                                  const std::string& request_id = "",
+                                                  const rpc::TlsFiles& tls = {});
 
 // One Generate stream of prompt token ids, bounded by `deadline_s`, reported
 // whatever its end (the fault campaign accounts for every request): the
@@ -38,7 +46,8 @@ struct RemoteStream {
   double seconds = 0;
 };
 RemoteStream StreamRemotely(const std::string& target, const std::vector<TokenId>& prompt_token_ids,
-                            const scheduler::SamplingParams& sampling, double deadline_s);
+                            const scheduler::SamplingParams& sampling, double deadline_s,
+                            const rpc::TlsFiles& tls = {});
 
 struct RemoteHealth {
   bool ready = false;
@@ -58,9 +67,10 @@ struct RemoteHealth {
   std::vector<Worker> workers;
 };
 
-absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target);
+absl::StatusOr<RemoteHealth> QueryHealth(const std::string& target, const rpc::TlsFiles& tls = {});
 // Aborts a request by the id it was submitted with; false if unknown.
-absl::StatusOr<bool> AbortRemotely(const std::string& target, const std::string& request_id);
+absl::StatusOr<bool> AbortRemotely(const std::string& target, const std::string& request_id,
+                                   const rpc::TlsFiles& tls = {});
 
 }  // namespace tandem::tools
 

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                    absl::StrCat("--http-port=", options.http_port)};
   if (options.http_port >= 0) argv.push_back("--http-port-file=" + http_port_file);
   for (std::string& arg : scheduler_flags.ToArgs()) argv.push_back(std::move(arg));
+  for (std::string& arg : scheduler_flags.tls.ToArgs()) argv.push_back(std::move(arg));  // one set for all
   auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
   if (!scheduler.ok()) return scheduler.status();
   c->scheduler_ = *scheduler;
@@ -129,6 +130,7 @@ absl::Status LocalCluster::StartWorker(int32_t rank) {
                                    "--model=" + options_.scheduler.model,
                                    absl::StrCat("--block-size=", options_.scheduler.block_size)};
   for (std::string& arg : worker_flags.ToArgs()) argv.push_back(std::move(arg));
+  for (std::string& arg : options_.scheduler.tls.ToArgs()) argv.push_back(std::move(arg));
   auto pid = Spawn(argv, absl::StrCat(dir_, "/worker", rank, ".log"));
   if (!pid.ok()) return pid.status();
   workers_[rank] = *pid;
@@ -262,7 +264,7 @@ absl::Status LocalCluster::WaitReady(bool ready, double seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   std::string last = "no answer";
   while (std::chrono::steady_clock::now() < deadline) {
-    auto health = tools::QueryHealth(target());
+    auto health = tools::QueryHealth(target(), options_.scheduler.tls);
     if (health.ok()) {
       if (health->ready == ready) return absl::OkStatus();
       last = health->status;

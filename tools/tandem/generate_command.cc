@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/rpc/tls_files.h"
 #include "nlohmann/json.hpp"
 #include "tools/client/grpc_generate_client.h"
 #include "tools/in_process/in_process_engine.h"
@@ -25,13 +26,16 @@ void PrintJson(const Json& json) {
 
 // Streams the request through a scheduler's Generate API.
 int GenerateRemote(const std::string& target, const std::string& prompt, const scheduler::SamplingParams& sampling,
-                   bool json) {
+                   bool json, const rpc::TlsFiles& tls) {
   const auto start = std::chrono::steady_clock::now();
-  auto result = GenerateRemotely(target, prompt, sampling, [json](const std::string& text) {
-    if (json) return;
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  });
+  auto result = GenerateRemotely(
+      target, prompt, sampling,
+      [json](const std::string& text) {
+        if (json) return;
+        std::fputs(text.c_str(), stdout);
+        std::fflush(stdout);
+      },
+      {}, "", tls);
   if (!json) std::fputs("\n", stdout);
   if (!result.ok()) {
     std::fprintf(stderr, "tandem generate: %s\n", std::string(result.status().message()).c_str());
@@ -79,7 +83,13 @@ int RunGenerate(const std::vector<std::string>& args) {
                64);
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
   flags.AddBool("json", &json, "print one JSON object with the prompt's and the output's token ids");
+  rpc::TlsFiles tls;  // --connect to a scheduler that requires client certificates
+  tls.Register(&flags, "scheduler's");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
+  if (absl::Status s = tls.Validate(); !s.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (prompt.empty()) {
     std::fprintf(stderr, "tandem generate: --prompt is required\n");
     return 2;
@@ -100,7 +110,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   sampling.min_p = static_cast<float>(min_p);
   sampling.ignore_eos = ignore_eos;
   if (seed >= 0) sampling.seed = static_cast<uint64_t>(seed);
-  if (!connect.empty()) return GenerateRemote(connect, prompt, sampling, json);
+  if (!connect.empty()) return GenerateRemote(connect, prompt, sampling, json, tls);
 
   InProcessEngineOptions options;
   options.model_path = model;

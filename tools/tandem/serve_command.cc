@@ -50,6 +50,10 @@ int RunServe(const std::vector<std::string>& args) {
   flags.AddInt("port", &http_port, "port of the OpenAI-compatible HTTP API (0: any free port)", 0, 65535);
   flags.AddInt("grpc-port", &grpc_port, "port of the gRPC Generate API and the workers (0: any free port)", 0, 65535);
   o.scheduler.Register(&flags);
+  // One set of --tls-* files for the scheduler and every worker (and this
+  // launcher's health checks): the certificate must name --host (127.0.0.1
+  // by default), since the workers dial the scheduler there.
+  o.scheduler.RegisterTls(&flags);
   o.worker.Register(&flags);
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   o.port = static_cast<int32_t>(grpc_port);
@@ -81,15 +85,17 @@ int RunServe(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(cluster.status().message()).c_str());
     return 1;
   }
-  const std::string base = absl::StrCat("http://", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, ":", (*cluster)->http_port());
+  const std::string base = absl::StrCat(o.scheduler.https_cert.empty() ? "http://" : "https://",
+                                       o.host == "0.0.0.0" ? "127.0.0.1" : o.host, ":", (*cluster)->http_port());
   const std::string auth =
       o.scheduler.api_key.empty() ? "" : absl::StrCat(" -H 'Authorization: Bearer ", o.scheduler.api_key, "'");
   std::fprintf(stderr,
-               "tandem serve: ready: OpenAI API on %s/v1, gRPC on %s\n"
+               "tandem serve: ready: OpenAI API on %s/v1, gRPC on %s%s\n"
                "  try: curl %s/v1/chat/completions%s -H 'Content-Type: application/json' \\\n"
                "         -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], "
                "\"max_tokens\": 32, \"temperature\": 0}'\n",
-               base.c_str(), (*cluster)->target().c_str(), base.c_str(), auth.c_str());
+               base.c_str(), (*cluster)->target().c_str(),
+               o.scheduler.tls.enabled() ? " (mutual TLS, the workers' channel too)" : "", base.c_str(), auth.c_str());
   int received = 0;
   const std::string exited = (*cluster)->WaitForExit([&] {
     timespec zero{0, 0};
