@@ -166,3 +166,56 @@ def test_async_equals_sync_at_depths_1_to_3(tmp_path):
     # synchronous scheduling never has a step in flight when it plans the next.
     assert overlaps[(1, True)] and overlaps[(2, True)], overlaps
     assert not overlaps[(1, False)] and not overlaps[(2, False)], overlaps
+
+
+# --- tool calling: arguments constrained by the function's schema --------------------------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"]}
+TIME = {"type": "object", "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["timezone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time now", "parameters": TIME}}]
+WEATHER_ASK = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+
+
+def test_named_tool_call(client):
+    r = client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=60, temperature=0,
+                                       tools=TOOLS, tool_choice={"type": "function",
+                                                                 "function": {"name": "get_weather"}})
+    message = r.choices[0].message
+    assert message.content is None and len(message.tool_calls) == 1, message
+    call = message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    assert r.choices[0].finish_reason == "stop"
+    # Streamed: the call comes whole in the last chunk.
+    stream = client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=60, temperature=0,
+                                            tools=TOOLS, stream=True,
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = [tc for chunk in stream if chunk.choices for tc in (chunk.choices[0].delta.tool_calls or [])]
+    assert [c.function.arguments for c in calls] == [call.function.arguments]
+
+
+def test_required_tool_calls(client):
+    r = client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=120, temperature=0.7,
+                                       seed=3, n=3, tools=TOOLS, tool_choice="required")
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    # SmolLM2, not shown the tools (the chat template's part), may list calls until max_tokens: such a
+    # choice is text; every finished list is a valid one.
+    finished = [c for c in r.choices if c.finish_reason == "tool_calls"]
+    assert finished, r.choices
+    for choice in r.choices:
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        assert (choice.message.tool_calls is not None) == (choice.finish_reason == "tool_calls"), choice
+    for choice in finished:
+        for call in choice.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_tool_choice_auto_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=10, tools=TOOLS)
+    assert "auto" in str(e.value)

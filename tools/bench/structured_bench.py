@@ -22,6 +22,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("TANDEM_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+MODEL = os.environ.get("TANDEM_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -72,7 +73,7 @@ def run(args, async_on, fraction):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(os.path.join(args.out, f"serve-{'async' if async_on else 'sync'}-{fraction}.log"), "w")
-    proc = subprocess.Popen([os.path.join(BIN, "tandem"), "serve", "--port", str(port), "--grpc-port", "0",
+    proc = subprocess.Popen([os.path.join(BIN, "tandem"), "serve", "--model", MODEL, "--port", str(port), "--grpc-port", "0",
                              "--async-scheduling" if async_on else "--no-async-scheduling",
                              "--max-num-seqs", str(args.concurrency)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -130,7 +131,7 @@ def main():
         for fraction in (0.0, 0.25, 1.0):
             rows.append(run(args, async_on, fraction))
             print(json.dumps(rows[-1]), flush=True)
-    mask = subprocess.run([os.path.join(BIN, "structured_mask_bench"), "--json"], capture_output=True, text=True)
+    mask = subprocess.run([os.path.join(BIN, "structured_mask_bench"), MODEL, "--json"], capture_output=True, text=True)
     print("mask:", mask.stdout.strip() or mask.stderr.strip())
     print(f"\n| async | structured | output tok/s | CPU ms / output token | valid |")
     print("|---|---|---|---|---|")

@@ -224,7 +224,9 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
   }
   const Json logprobs = LogprobsJson(choice, output);
   if (request_.stream) {
-    if (!text.empty() || !reason.empty() || !logprobs.is_null()) {
+    // A tool call's text is held until the call is complete (SendChunk).
+    const bool held = tool_call() && reason.empty();
+    if (!held && (!text.empty() || !reason.empty() || !logprobs.is_null())) {
       choice.finish_reason = reason;
       SendChunk(choice, index, text, logprobs, !reason.empty());
     }
@@ -250,13 +252,24 @@ void OpenAiCall::SendChunk(Choice& choice, size_t index, const std::string& text
       delta["role"] = "assistant";
       choice.role_sent = true;
     }
-    if (!text.empty() || !final) delta["content"] = text;
+    if (tool_call()) {
+      // A call is sent whole in the last chunk, once its arguments are complete.
+      Json calls = final ? ToolCalls(index, choice.text->emitted()) : Json(nullptr);
+      if (!calls.is_null()) {
+        for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+        delta["tool_calls"] = std::move(calls);
+      } else if (final) {
+        delta["content"] = choice.text->emitted();
+      }
+    } else if (!text.empty() || !final) {
+      delta["content"] = text;
+    }
     c["delta"] = std::move(delta);
   } else {
     c["text"] = text;
   }
   if (final) {
-    c["finish_reason"] = choice.finish_reason;
+    c["finish_reason"] = FinishReasonJson(choice, index);
     c["stop_reason"] = choice.stop_reason ? Json(*choice.stop_reason) : Json(nullptr);
   }
   writer_->Write(Event({{"id", setup_.id},
@@ -287,6 +300,40 @@ Json OpenAiCall::Usage() const {
   return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
+Json OpenAiCall::ToolCalls(size_t index, const std::string& text) const {
+  auto call = [&](size_t k, const std::string& name, std::string arguments) {
+    return Json{{"id", absl::StrCat("call_", setup_.id.substr(setup_.id.find('-') + 1), "_", index, "_", k)},
+                {"type", "function"},
+                {"function", {{"name", name}, {"arguments", std::move(arguments)}}}};
+  };
+  if (request_.tool_choice == ToolChoice::kNamed) {
+    if (!Json::accept(text)) return nullptr;
+    return Json::array({call(0, request_.tool_choice_name, text)});
+  }
+  // "required": [{"name": ..., "parameters": {...}}, ...], as its schema made the model write it.
+  const nlohmann::ordered_json list = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!list.is_array() || list.empty()) return nullptr;
+  Json calls = Json::array();
+  for (size_t k = 0; k < list.size(); ++k) {
+    const auto& item = list[k];
+    if (!item.is_object() || !item.contains("name") || !item["name"].is_string() || !item.contains("parameters")) {
+      return nullptr;
+    }
+    calls.push_back(call(k, item["name"].get<std::string>(), item["parameters"].dump()));
+  }
+  return calls;
+}
+
+// "tool_calls" when the output is a list of calls ("required"); a named
+// function's call ends with "stop", as OpenAI's forced function calls do.
+std::string OpenAiCall::FinishReasonJson(const Choice& choice, size_t index) const {
+  if (request_.tool_choice == ToolChoice::kRequired && choice.finish_reason == "stop" &&
+      !ToolCalls(index, choice.text->emitted()).is_null()) {
+    return "tool_calls";
+  }
+  return choice.finish_reason;
+}
+
 void OpenAiCall::Complete() {
   if (client_gone_) return;
   if (request_.stream && stream_started_) {
@@ -314,9 +361,12 @@ void OpenAiCall::Complete() {
     Json logprobs = request_.logprobs >= 0 ? c.logprobs : Json(nullptr);
     Json entry = {{"index", i},
                   {"logprobs", std::move(logprobs)},
-                  {"finish_reason", c.finish_reason},
+                  {"finish_reason", FinishReasonJson(c, i)},
                   {"stop_reason", c.stop_reason ? Json(*c.stop_reason) : Json(nullptr)}};
-    if (chat()) {
+    Json calls = tool_call() ? ToolCalls(i, c.text->emitted()) : Json(nullptr);
+    if (chat() && !calls.is_null()) {
+      entry["message"] = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(calls)}};
+    } else if (chat()) {
       entry["message"] = {{"role", "assistant"}, {"content", c.text->emitted()}};
     } else {
       entry["text"] = c.text->emitted();

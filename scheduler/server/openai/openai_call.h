@@ -80,6 +80,12 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   // the request did not ask. Advances the choice's text offset.
   nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output);
   bool chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
+  // The tool calls of a choice's whole text (tool_choice named or
+  // "required"); null when the request asked for none or the text is not
+  // a complete call list (cut by max_tokens).
+  nlohmann::json ToolCalls(size_t index, const std::string& text) const;
+  bool tool_call() const { return request_.tool_choice != ToolChoice::kNone; }
+  std::string FinishReasonJson(const Choice& choice, size_t index) const;
 
   const GenerationRequest request_;
   const CallSetup setup_;

@@ -310,6 +310,92 @@ void ParseGuided(std::string_view body, Fields* f, GenerationRequest* r) {
   }
 }
 
+// The JSON schema of vLLM's "required" tool choice: a non-empty list of
+// calls, each {"name": one of the tools, "parameters": its arguments}.
+std::string RequiredToolsSchema(const std::vector<ToolFunction>& tools) {
+  using Ordered = nlohmann::ordered_json;
+  Ordered any_of = Ordered::array();
+  for (const ToolFunction& t : tools) {
+    Ordered parameters = t.parameters.empty() ? Ordered{{"type", "object"}}
+                                              : Ordered::parse(t.parameters, nullptr, /*allow_exceptions=*/false);
+    any_of.push_back(Ordered{{"type", "object"},
+                             {"properties", {{"name", {{"type", "string"}, {"enum", {t.name}}}}, {"parameters", parameters}}},
+                             {"required", {"name", "parameters"}}});
+  }
+  return Ordered{{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any_of}}}}.dump();
+}
+
+// tools: [{"type": "function", "function": {"name", "description", "parameters"}}] and
+// tool_choice: "none" | "required" | {"type": "function", "function": {"name"}}. "auto" needs a
+// parser of the model's own tool-call format, which we do not have: refused by name.
+void ParseTools(Endpoint endpoint, std::string_view body, Fields* f, GenerationRequest* r) {
+  const Json* tools = f->Get("tools");
+  const Json* choice = f->Get("tool_choice");
+  f->Unsupported("functions", Json::array());
+  if (tools == nullptr) {
+    if (choice != nullptr && *choice != "none") f->Fail("'tool_choice' needs 'tools'", "tool_choice");
+    return;
+  }
+  if (endpoint != Endpoint::kChatCompletions) return f->Fail("'tools' is only supported on /v1/chat/completions", "tools");
+  constexpr char kShape[] = "'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", ...}}";
+  if (!tools->is_array()) return f->Fail(kShape, "tools");
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& t = (*tools)[i];
+    auto function = t.is_object() ? t.find("function") : t.end();
+    if (!t.is_object() || t.value("type", "") != "function" || function == t.end() || !function->is_object()) {
+      return f->Fail(kShape, "tools");
+    }
+    auto name = function->find("name");
+    if (name == function->end() || !name->is_string() || name->get<std::string>().empty()) {
+      return f->Fail("each tool's function needs a non-empty string 'name'", "tools");
+    }
+    ToolFunction tool;
+    tool.name = name->get<std::string>();
+    if (auto d = function->find("description"); d != function->end() && d->is_string()) tool.description = d->get<std::string>();
+    if (auto p = function->find("parameters"); p != function->end() && !p->is_null()) {
+      if (!p->is_object()) return f->Fail(absl::StrCat("the parameters of tool '", tool.name, "' must be a JSON schema object"), "tools");
+      tool.parameters = ordered["tools"][i]["function"]["parameters"].dump();
+    }
+    r->tools.push_back(std::move(tool));
+  }
+  r->tools_json = ordered["tools"].dump();
+  if (choice == nullptr || *choice == "auto") {
+    return f->Fail("'tool_choice' \"auto\" (the default with 'tools') is not supported by this server: it has no "
+                   "parser of the model's tool-call format; use \"required\", a named function or \"none\"",
+                   "tool_choice");
+  }
+  if (*choice == "none") return;
+  StructuredSpec spec{StructuredKind::kJsonSchema, "", {}, "tool_choice"};
+  if (*choice == "required") {
+    r->tool_choice = ToolChoice::kRequired;
+    spec.text = RequiredToolsSchema(r->tools);
+  } else {
+    const Json* name = nullptr;
+    if (choice->is_object() && choice->value("type", "") == "function") {
+      auto function = choice->find("function");
+      if (function != choice->end() && function->is_object()) {
+        auto it = function->find("name");
+        if (it != function->end()) name = &*it;
+      }
+    }
+    if (name == nullptr || !name->is_string()) {
+      return f->Fail("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}",
+                     "tool_choice");
+    }
+    auto tool = std::find_if(r->tools.begin(), r->tools.end(), [&](const ToolFunction& t) { return t.name == *name; });
+    if (tool == r->tools.end()) {
+      return f->Fail(absl::StrCat("'tool_choice' names '", name->get<std::string>(), "', which is not in 'tools'"),
+                     "tool_choice");
+    }
+    r->tool_choice = ToolChoice::kNamed;
+    r->tool_choice_name = tool->name;
+    spec.text = tool->parameters.empty() ? R"({"type":"object"})" : tool->parameters;
+  }
+  SetStructured(std::move(spec), f, r);
+}
+
 // Whether `body` nests arrays and objects deeper than `limit`, counting
 // brackets outside strings. Linear and recursion-free; on text that is not
 // JSON the answer does not matter (the parser refuses it anyway).
@@ -443,9 +529,7 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   f.Unsupported("echo", false);
   f.Unsupported("suffix", "");
   f.Unsupported("logit_bias", Json::object());
-  f.Unsupported("tools", Json::array());
-  f.Unsupported("functions", Json::array());
-  f.Unsupported("tool_choice", "none");
+  ParseTools(endpoint, body, &f, &r);
   ParseResponseFormat(f.Get("response_format"), body, &f, &r);
   ParseGuided(body, &f, &r);
   if (const Json* v = f.Get("best_of")) {

@@ -41,6 +41,19 @@ ApiError BadRequest(std::string message, std::string param = "");
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
+// A function the model may call (chat `tools`); `parameters` is its JSON
+// schema as the client wrote it (empty: any object).
+struct ToolFunction {
+  std::string name;
+  std::string description;
+  std::string parameters;
+};
+
+// How the output is a tool call: kNone (plain content), kNamed (the output
+// is the named function's arguments), kRequired (a JSON list of
+// {"name", "parameters"} calls, as vLLM's "required").
+enum class ToolChoice { kNone, kNamed, kRequired };
+
 // One prompt of a completions request: text to tokenize, or token ids.
 struct Prompt {
   std::string text;
@@ -67,6 +80,12 @@ struct GenerationRequest {
   // value unless it runs the priority policy (--scheduling-policy=priority).
   int32_t priority = 0;
   std::string user;
+  // Chat tools: the functions, the `tools` list as sent (for the chat
+  // template), and whether and which one the output must call.
+  std::vector<ToolFunction> tools;
+  std::string tools_json;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_name;  // kNamed
   // Structured output (response_format, vLLM's guided_* or structured_outputs); absent: free text.
   std::optional<structured::StructuredSpec> structured;
 };

@@ -224,6 +224,73 @@ TEST(OpenAiProtocolTest, StructuredOutputFields) {
   }
 }
 
+// Tools: a named function constrains the output to its parameters' schema;
+// "required" to a list of calls; "auto" (the default) needs a parser we do
+// not have and is refused by name, as is a tool_choice naming no tool.
+TEST(OpenAiProtocolTest, ToolsAndToolChoice) {
+  constexpr char kTools[] = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+      {"type": "function", "function": {"name": "now"}}])";
+  const GenerationRequest named = ParseOk(
+      Endpoint::kChatCompletions,
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", kTools,
+                   R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})"));
+  ASSERT_EQ(named.tools.size(), 2u);
+  EXPECT_EQ(named.tools[0].name, "get_weather");
+  EXPECT_EQ(named.tools[1].parameters, "");
+  EXPECT_EQ(named.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(named.tool_choice_name, "get_weather");
+  ASSERT_TRUE(named.structured.has_value());
+  EXPECT_EQ(named.structured->text, R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}})");
+  EXPECT_EQ(named.structured->param, "tool_choice");
+  EXPECT_THAT(named.tools_json, HasSubstr(R"("name":"get_weather")"));
+
+  const GenerationRequest required = ParseOk(
+      Endpoint::kChatCompletions,
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", kTools, R"(, "tool_choice": "required"})"));
+  EXPECT_EQ(required.tool_choice, ToolChoice::kRequired);
+  ASSERT_TRUE(required.structured.has_value());
+  const auto schema = nlohmann::json::parse(required.structured->text);
+  EXPECT_EQ(schema["type"], "array");
+  EXPECT_EQ(schema["items"]["anyOf"].size(), 2u);
+  EXPECT_EQ(schema["items"]["anyOf"][1]["properties"]["name"]["enum"][0], "now");
+
+  const GenerationRequest none = ParseOk(
+      Endpoint::kChatCompletions,
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", kTools, R"(, "tool_choice": "none"})"));
+  EXPECT_EQ(none.tool_choice, ToolChoice::kNone);
+  EXPECT_FALSE(none.structured.has_value());
+  EXPECT_EQ(none.tools.size(), 2u);
+
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}], )";
+  struct Case {
+    std::string body;
+    const char* param;
+    const char* says;
+  };
+  const Case bad[] = {
+      {absl::StrCat(chat, kTools, "}"), "tool_choice", "auto"},
+      {absl::StrCat(chat, kTools, R"(, "tool_choice": "auto"})"), "tool_choice", "auto"},
+      {absl::StrCat(chat, kTools, R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}})"),
+       "tool_choice", "'nope'"},
+      {absl::StrCat(chat, kTools, R"(, "tool_choice": "required", "response_format": {"type": "json_object"}})"),
+       "response_format", "only one"},
+      {absl::StrCat(chat, R"("tool_choice": "required"})"), "tool_choice", "needs 'tools'"},
+      {absl::StrCat(chat, R"("tools": [{"type": "function"}], "tool_choice": "required"})"), "tools", "list of"},
+      {absl::StrCat(chat, R"("tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}],
+                              "tool_choice": "required"})"),
+       "tools", "JSON schema object"},
+      {R"({"prompt": "x", "tools": [], "tool_choice": "none"})", "tools", "chat/completions"},
+  };
+  for (const Case& c : bad) {
+    const ApiError e = ParseError(c.body.find("messages") != std::string::npos ? Endpoint::kChatCompletions
+                                                                               : Endpoint::kCompletions,
+                                  c.body);
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
+  }
+}
+
 // vLLM's `priority`: any integer, 0 when absent, on both endpoints. Whether
 // a non-zero value is allowed is the engine's call (its scheduling policy).
 TEST(OpenAiProtocolTest, PriorityIsAnIntegerDefaultingToZero) {
