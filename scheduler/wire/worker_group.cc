@@ -109,6 +109,7 @@ void WorkerGroup::MaybeConfigure() {
   ++epoch_;
   failure_ = absl::OkStatus();
   results_.clear();
+  held_execute_.reset();
   state_ = State::kConfiguring;
   v1::SchedulerMessage message;
   v1::ConfigureGroup* configure = message.mutable_configure();
@@ -152,6 +153,7 @@ void WorkerGroup::OnReady(int32_t rank, const v1::WorkerReady& ready) {
 void WorkerGroup::FailLocked(absl::Status status) {
   if (failure_.ok()) failure_ = std::move(status);
   if (state_ == State::kReady) state_ = State::kBroken;
+  held_execute_.reset();
 }
 
 void WorkerGroup::OnDisconnect(WorkerLink* link, const std::string& reason) {
@@ -175,6 +177,7 @@ void WorkerGroup::Reset() {
   {
     absl::MutexLock lock(&mu_);
     results_.clear();
+    held_execute_.reset();
     failure_ = absl::OkStatus();
     state_ = State::kForming;
     MaybeConfigure();
@@ -249,21 +252,38 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
     return failure_.ok() ? absl::UnavailableError(absl::StrCat("the worker group is not ready (", DescribeLocked(), ")"))
                          : failure_;
   }
-  for (auto& m : members_) m->link->Send(message);
+  FlushLocked();
+  for (size_t r = 0; r + 1 < members_.size(); ++r) members_[r]->link->Send(message);
+  held_execute_ = std::move(message);
   return absl::OkStatus();
+}
+
+void WorkerGroup::FlushLocked() {
+  if (!held_execute_) return;
+  if (state_ == State::kReady) members_.back()->link->Send(*held_execute_);
+  held_execute_.reset();
 }
 
 absl::Status WorkerGroup::Sample(StepSeq step_seq, const GrammarOutput* grammar) {
   v1::SchedulerMessage message;
-  EncodeSampleCommand(step_seq, grammar, message.mutable_sample());
   absl::MutexLock lock(&mu_);
   if (state_ != State::kReady) return failure_.ok() ? absl::UnavailableError("the worker group is not ready") : failure_;
+  if (held_execute_ && held_execute_->execute().step_seq() == step_seq) {
+    v1::ExecuteAndSample* both = message.mutable_execute_and_sample();
+    *both->mutable_execute() = std::move(*held_execute_->mutable_execute());
+    held_execute_.reset();
+    EncodeSampleCommand(step_seq, grammar, both->mutable_sample());
+  } else {
+    FlushLocked();
+    EncodeSampleCommand(step_seq, grammar, message.mutable_sample());
+  }
   members_.back()->link->Send(message);  // only the last stage samples
   return absl::OkStatus();
 }
 
 absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
   absl::MutexLock lock(&mu_);
+  FlushLocked();
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || !results_.empty(); };
   const bool arrived = mu_.AwaitWithTimeout(absl::Condition(&done), options_.step_timeout);
   if (!failure_.ok()) return failure_;

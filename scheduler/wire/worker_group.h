@@ -103,6 +103,8 @@ class WorkerGroup : public ExecutorGroup {
   void OnConfigured(int32_t rank, const v1::WorkerConfigured& configured) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnReady(int32_t rank, const v1::WorkerReady& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the last rank's held execute command, if any.
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<int32_t> RankOf(WorkerLink* link) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells on_change; called without the lock.
   void Notify() ABSL_LOCKS_EXCLUDED(mu_);
@@ -115,6 +117,12 @@ class WorkerGroup : public ExecutorGroup {
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t pool_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::ModelRunnerOutput> results_ ABSL_GUARDED_BY(mu_);
+  // The last rank's execute command of the newest step, held until Sample
+  // (sent together as one ExecuteAndSample: a message, a write and a wake
+  // fewer per step) or until any other call on the group, whichever first.
+  // So the last stage starts a step whose sampling is deferred (§4.7) at the
+  // engine's next call on the group, never later than its next wait.
+  std::optional<v1::SchedulerMessage> held_execute_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };
 

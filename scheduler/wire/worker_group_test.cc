@@ -107,10 +107,15 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   row.samples = true;
   step.scheduled.push_back(row);
   step.total_num_scheduled_tokens = 3;
+  const size_t b_before = b.sent.size();
   ASSERT_TRUE(group.Execute(step).ok());
-  ASSERT_TRUE(group.Sample(1, nullptr).ok());
   EXPECT_TRUE(a.sent.back().has_execute());
-  EXPECT_TRUE(b.sent.back().has_sample());
+  EXPECT_EQ(b.sent.size(), b_before);  // held for the sample
+  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  ASSERT_EQ(b.sent.size(), b_before + 1);  // one message: execute, then sample
+  ASSERT_TRUE(b.sent.back().has_execute_and_sample());
+  EXPECT_EQ(b.sent.back().execute_and_sample().execute().step_seq(), 1u);
+  EXPECT_EQ(b.sent.back().execute_and_sample().sample().step_seq(), 1u);
   v1::WorkerMessage result;
   result.mutable_result()->set_epoch(1);
   v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
@@ -122,6 +127,40 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   auto collected = group.CollectOutput(1);
   ASSERT_TRUE(collected.ok()) << collected.status();
   EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
+}
+
+// A step whose sampling is deferred (scheduler/README.md §4.7) reaches the
+// last rank at the group's next call, at the latest CollectOutput before it
+// waits; its sample then goes alone.
+TEST(WorkerGroupTest, TheLastRankGetsAStepWithoutItsSampleBeforeTheGroupWaits) {
+  WorkerGroup group(Options(1));
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  SchedulerOutput step;
+  step.step_seq = 1;
+  ScheduledRequest row;
+  row.id = 7;
+  row.num_tokens = 1;
+  row.samples = true;
+  step.scheduled.push_back(row);
+  step.total_num_scheduled_tokens = 1;
+  const size_t before = a.sent.size();
+  ASSERT_TRUE(group.Execute(step).ok());
+  EXPECT_EQ(a.sent.size(), before);
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(1);
+  result.mutable_result()->mutable_output()->set_step_seq(1);
+  result.mutable_result()->mutable_output()->add_request_ids(7);
+  result.mutable_result()->mutable_output()->add_num_sampled(1);
+  result.mutable_result()->mutable_output()->add_sampled_token_ids(5);
+  group.OnMessage(&a, result);
+  ASSERT_TRUE(group.CollectOutput(1).ok());
+  ASSERT_EQ(a.sent.size(), before + 1);
+  EXPECT_EQ(a.sent.back().execute().step_seq(), 1u);
+  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  ASSERT_EQ(a.sent.size(), before + 2);
+  EXPECT_EQ(a.sent.back().sample().step_seq(), 1u);
 }
 
 TEST(WorkerGroupTest, ADisconnectFailsTheStepAndTheGroupReforms) {

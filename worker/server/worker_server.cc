@@ -352,6 +352,10 @@ void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* l
     case v1::SchedulerMessage::kSample:
       SampleStep(message.sample(), link);
       return;
+    case v1::SchedulerMessage::kExecuteAndSample:
+      ExecuteStep(message.execute_and_sample().execute());
+      SampleStep(message.execute_and_sample().sample(), link);
+      return;
     default:
       return;
   }

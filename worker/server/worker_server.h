@@ -7,8 +7,9 @@
 //   ConnectGroup    connect to the other ranks (NCCL between CUDA workers on
 //                   distinct GPUs, TCP otherwise), build the runner, answer
 //                   Ready;
-//   Execute/Sample  run the step; the last stage's results go out through
-//                   the output thread, or at once when nothing waits (below).
+//   Execute/Sample  run the step (ExecuteAndSample: both, in one message);
+//                   the last stage's results go out through the output
+//                   thread, or at once when nothing waits (below).
 // Messages arrive from the transport's threads through OnMessage, which only
 // enqueues. An error in a step is reported once; the worker then ignores
 // steps until the next ConfigureGroup.
