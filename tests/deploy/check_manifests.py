@@ -3,7 +3,9 @@
 
 For every overlay, and each overlay with the model-volume component (and the
 lws and statefulset overlays with the tls component, given a Secret made here
-with openssl, its mount path mapped to those files for --check-flags):
+with openssl, its mount path mapped to those files for --check-flags; every
+tandem container must then have --tls-* under the mount, every scheduler
+--https-* too and HTTP probes with scheme HTTPS):
   1. `kubectl kustomize` builds it;
   2. every object is validated strictly (unknown fields and wrong types fail)
      against the Kubernetes 1.32 schemas (PyPI kubernetes-validate), and a
@@ -478,6 +480,17 @@ def check_build(directory, overlay, bin_dir, validators):
             missing = [f for f in ("tls-cert", "tls-key", "tls-ca") if not t.flags.get(f, "").startswith(TLS_MOUNT)]
             if missing:
                 problems.append(f"{t.pod.where}: container {t.c['name']}: no --{', --'.join(missing)} under {TLS_MOUNT}")
+            if t.program != "tandem-scheduler":
+                continue
+            # HTTPS on the API: the flags, and the kubelet's HTTP probes must speak it.
+            missing = [f for f in ("https-cert", "https-key") if not t.flags.get(f, "").startswith(TLS_MOUNT)]
+            if missing:
+                problems.append(f"{t.pod.where}: container {t.c['name']}: no --{', --'.join(missing)} under {TLS_MOUNT}")
+            for probe in ("readinessProbe", "livenessProbe"):
+                get = t.c.get(probe, {}).get("httpGet")
+                if get is not None and get.get("scheme") != "HTTPS":
+                    problems.append(f"{t.pod.where}: container {t.c['name']}: {probe} must use scheme HTTPS "
+                                    "with --https-cert")
     accepted = check_command_lines(bin_dir, tandems, problems)
     kinds = sorted({o["kind"] for o in objects})
     return problems, (f"{len(objects)} objects ({', '.join(kinds)}) valid and wired; "

@@ -27,8 +27,9 @@ path (normal, failure, SIGTERM from ctest's timeout).
 With --tls (ctest multihost_tls_test) the lws overlay is built with
 components/tls, the Secret's files are a CA and one certificate made here by
 openssl (naming the leader's address), and the whole group runs with mutual TLS
-on the gRPC streams and the worker-to-worker channel; the greedy completions
-must still equal plaintext `tandem serve`'s, and the partition and its recovery
+on the gRPC streams and the worker-to-worker channel and serves HTTPS (the
+client trusts the CA); the greedy completions must still equal plaintext
+`tandem serve`'s, and the partition and its recovery
 behave the same (the group re-forms over new TLS connections).
 
 Usage: multihost_test.py BIN_DIR DEPLOY_DIR WORK_DIR [--tls]. Exit 77 (skipped)
@@ -56,13 +57,16 @@ GRPC, HTTP = 50051, 8000
 
 def client(argv):
     """--client METHOD URL [BODY] [--stream]: prints the status, then the body."""
+    import ssl
     import urllib.error
     import urllib.request
     method, url = argv[0], argv[1]
+    # HTTPS (--tls): trust the test's CA, which the parent names.
+    context = ssl.create_default_context(cafile=os.environ["TANDEM_TEST_CA"]) if url.startswith("https") else None
     body = argv[2].encode() if len(argv) > 2 and argv[2] != "--stream" else None
     request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=60, context=context) as r:
             print(r.status, flush=True)
             for line in r:
                 print(line.decode().rstrip("\n"), flush=True)
@@ -156,6 +160,7 @@ def lws_commands(deploy_dir, work, tls):
     r = subprocess.run(["kubectl", "kustomize", target], capture_output=True, text=True, timeout=60, check=True)
     if tls:
         r.stdout = r.stdout.replace(TLS_MOUNT, make_tls_files(work))
+        os.environ["TANDEM_TEST_CA"] = os.path.join(work, "tls", "ca.crt")  # for the client mode
     objects = [o for o in yaml.safe_load_all(r.stdout) if o]
     config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
     lws = next(o for o in objects if o["kind"] == "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
@@ -267,7 +272,7 @@ def run(bin_dir, deploy_dir, work, net, group, tls):
                                  "--kv-cache-memory=64MiB", "--threads=1"])
     threading.Thread(target=group.supervise, daemon=True).start()
 
-    base = f"http://{leader_ip}:{HTTP}"
+    base = f"{'https' if tls else 'http'}://{leader_ip}:{HTTP}"
     wait_for("the group ready (/ready 200 from the client namespace)",
              lambda: call(net, "client", "GET", f"{base}/ready")[0] == 200, 30)
     wait_for("tandem serve ready", lambda: call(net, "solo", "GET", "http://127.0.0.1:8000/ready")[0] == 200, 30)
