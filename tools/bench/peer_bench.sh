@@ -12,6 +12,7 @@
 #   tools/bench/peer_bench.sh                      # every workload, 3 repeats
 #   tools/bench/peer_bench.sh --quick              # concurrency 1, short prompts, 1 repeat
 #   tools/bench/peer_bench.sh --concurrency "1 16" --repeats 2 --build build-q
+#   tools/bench/peer_bench.sh --rounds 2           # half the prompts per client (shorter runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -23,11 +24,13 @@ concurrencies="1 16 32 64"
 shapes="32:128 512:128"  # input:output tokens; short and long prompts
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 servers="tandem llama"
+rounds=4  # prompts per client: each bench sends rounds x concurrency prompts (at least 8)
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --concurrency) concurrencies=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
@@ -53,7 +56,7 @@ if [[ " $servers " == *" llama "* ]] && [ ! -x "$server_bin" ]; then
   tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
   vendored=$(echo "$src"/llama_cpp_python-*/vendor/llama.cpp)
   cmake -S "$vendored" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > "$src/cmake.log"
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > "$src/cmake.log"
   ninja -C "$src/build" -j "$(nproc)" llama-server > "$src/build.log"
   mkdir -p "$(dirname "$server_bin")"
   cp "$src/build/bin/llama-server" "$server_bin"
@@ -94,7 +97,7 @@ run_one() {
     wait_ready "http://127.0.0.1:$port/health" $pid "$out/$tag.log" || { stop $pid; return 1; }
   fi
   "$build/bin/tandem" bench --base-url "http://127.0.0.1:$port" --tokenizer "$model" \
-    --num-prompts $((c > 4 ? 4 * c : 8)) --max-concurrency "$c" --random-input-len "$in" \
+    --num-prompts $((rounds * c > 8 ? rounds * c : 8)) --max-concurrency "$c" --random-input-len "$in" \
     --random-output-len "$outlen" --ignore-eos --num-warmups 1 --disable-progress-bar \
     --result-file "$out/$tag.json" > "$out/$tag.txt" 2>&1 || { stop $pid; cat "$out/$tag.txt" >&2; return 1; }
   stop $pid
