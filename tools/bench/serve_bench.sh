@@ -6,16 +6,18 @@
 #
 #   tools/bench/serve_bench.sh -- --num-prompts 64 --max-concurrency 16
 #   tools/bench/serve_bench.sh --no-async-scheduling -- --num-prompts 64 --max-concurrency 16
+#   TANDEM_BIN_DIR=build-x/bin tools/bench/serve_bench.sh ...   (binaries of another build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 serve_args=()
 while (($#)) && [ "$1" != "--" ]; do serve_args+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 out=${OUT:-bench-results}
+bin=${TANDEM_BIN_DIR:-build/bin}
 mkdir -p "$out"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 name=$(date +%Y%m%d-%H%M%S)
-build/bin/tandem serve --port "$port" --grpc-port 0 "${serve_args[@]}" > "$out/serve-$name.log" 2>&1 &
+"$bin/tandem" serve --port "$port" --grpc-port 0 "${serve_args[@]}" > "$out/serve-$name.log" 2>&1 &
 serve=$!
 trap 'kill $serve 2>/dev/null; wait $serve 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
@@ -24,6 +26,6 @@ for _ in $(seq 600); do
   sleep 0.2
 done
 echo "tandem serve ${serve_args[*]}"
-build/bin/tandem bench --base-url "http://127.0.0.1:$port" --result-file "$out/bench-$name.json" "$@"
+"$bin/tandem" bench --base-url "http://127.0.0.1:$port" --result-file "$out/bench-$name.json" "$@"
 # The workers' idle time over the run, from the scheduler's metrics.
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^tandem:worker_(idle|busy)_seconds_total|^tandem:scheduler_time_seconds_total|^tandem:engine_steps_total'
