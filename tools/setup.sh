@@ -83,3 +83,9 @@ cmake --build build -j"$(nproc)"
 if ! .venv/bin/python3 -c "import kubernetes_validate" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
+
+# jinja2, the reference that tests/openai/test_chat_templates.py renders real chat templates with
+# (as transformers configures it) to compare with our own Jinja interpreter byte for byte.
+if ! .venv/bin/python3 -c "import jinja2" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check jinja2==3.1.6
+fi

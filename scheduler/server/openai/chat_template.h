@@ -1,30 +1,30 @@
 // ChatTemplate: turns an OpenAI chat request's messages into the prompt text
-// that the model's `tokenizer.chat_template` would produce.
+// that the model's `tokenizer.chat_template` produces, by running the
+// template with our Jinja interpreter (jinja/template.h) in the context that
+// Hugging Face transformers' `apply_chat_template` gives it, as vLLM calls it:
 //
-// We do not run Jinja. Create() reads the template with Jinja's lexical rules
-// as Hugging Face transformers configures them (trim_blocks, lstrip_blocks,
-// `-`/`+` whitespace control, one trailing newline dropped), reduces it to a
-// canonical form (quote style, spacing, `a.b` vs `a['b']`, split string
-// literals and literal text between tags do not matter) and compares that
-// with the template families we render natively. Render() then produces what
-// transformers' `apply_chat_template` would, byte for byte.
+//   messages               role, content, and when present name, tool_calls
+//                          (function.arguments parsed from its JSON string
+//                          into an object, as vLLM does), tool_call_id;
+//                          content is a string, a list of text parts joined
+//                          with "\n" (vLLM's "string" content format), or None
+//   tools                  the request's tools, or None
+//   documents              None
+//   add_generation_prompt  as asked
+//   bos_token, eos_token   the model's (from the GGUF)
+//   chat_template_kwargs   each entry as a variable (not overriding the above)
+//   raise_exception(msg), strftime_now(format)  transformers' globals
 //
-// Known families:
-//  * "chatml": `<|im_start|>{role}\n{content}<|im_end|>\n` per message and
-//    `<|im_start|>assistant\n` as the generation prompt, optionally with a
-//    default system message that the template inserts when the first
-//    message's role is not "system" (SmolLM2: "You are a helpful AI assistant
-//    named SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful
-//    assistant."). The default text is taken from the template itself.
-//
-// Anything else is refused rather than guessed: a wrong prompt format makes a
-// model answer badly without any error to show for it.
+// Only the roles system, user, assistant and tool are accepted: the template
+// would print any string, which would let a client forge turn markers.
 //
 // Thread-safe after Create (immutable); copyable.
 #ifndef TANDEM_SCHEDULER_SERVER_OPENAI_CHAT_TEMPLATE_H_
 #define TANDEM_SCHEDULER_SERVER_OPENAI_CHAT_TEMPLATE_H_
 
-#include <optional>
+#include <ctime>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,6 +32,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/server/openai/jinja/template.h"
 
 namespace tandem::openai {
 
@@ -40,44 +42,55 @@ struct ChatMessage {
   std::string content;
 };
 
+struct ChatTemplateOptions {
+  std::string bos_token;
+  std::string eos_token;
+  // The local time strftime_now formats (tests fix it); null: the clock.
+  std::function<std::tm()> now;
+};
+
+// A chat render's input beyond the messages.
+struct ChatRenderInput {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI message objects
+  nlohmann::ordered_json tools;                                       // null or a list
+  nlohmann::ordered_json chat_template_kwargs;                        // null or an object
+  bool add_generation_prompt = true;
+};
+
 class ChatTemplate {
  public:
-  // Recognizes `jinja` (a GGUF `tokenizer.chat_template`). An empty template
-  // is InvalidArgument and an unrecognized one Unimplemented; both messages
-  // say that chat completions are unsupported for this model and that
-  // /v1/completions still works.
-  static absl::StatusOr<ChatTemplate> Create(std::string_view jinja);
+  // Parses `jinja` (a GGUF `tokenizer.chat_template` or a --chat-template
+  // file). An empty template is InvalidArgument saying chat completions are
+  // unavailable for this model and /v1/completions still works; a template
+  // that does not parse is InvalidArgument naming the line and column.
+  static absl::StatusOr<ChatTemplate> Create(std::string_view jinja, ChatTemplateOptions options = {});
 
-  // The prompt text for `messages`; with `add_generation_prompt` the
-  // assistant header is appended. Roles must be "system", "user",
-  // "assistant" or "tool" (the OpenAI roles the template can show; the
-  // template itself would print any string, which would let a client forge
-  // turn markers through the role), and there must be at least one message;
-  // otherwise InvalidArgument naming the message. Content is copied
-  // verbatim, as transformers does (special-token text in it is not escaped).
-  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
-                                     bool add_generation_prompt) const;
+  // The prompt for `input`. A bad message (unknown role, bad content or
+  // tool call) or an error the template raises (e.g. "Conversation roles
+  // must alternate user/assistant/user/assistant/...") is InvalidArgument.
+  absl::StatusOr<std::string> Render(const ChatRenderInput& input) const;
 
-  // The family's name, e.g. "chatml".
-  std::string_view name() const { return name_; }
+  // Plain text messages (tests, fuzzing).
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt) const;
 
-  // Token strings that end an assistant turn (e.g. "<|im_end|>"); the
-  // frontend adds their ids as stop tokens.
+  std::string_view name() const { return "jinja"; }
+
+  // Token strings that end an assistant turn in this template (e.g.
+  // "<|im_end|>", "<|eot_id|>"); the frontend adds their ids as stop tokens.
   const std::vector<std::string>& end_of_turn_tokens() const { return end_of_turn_tokens_; }
 
  private:
-  ChatTemplate(std::string name, std::optional<std::string> default_system,
-               std::vector<std::string> end_of_turn_tokens)
-      : name_(std::move(name)),
-        default_system_(std::move(default_system)),
-        end_of_turn_tokens_(std::move(end_of_turn_tokens)) {}
+  ChatTemplate(jinja::Template t, ChatTemplateOptions options, std::vector<std::string> end_of_turn_tokens)
+      : template_(std::move(t)), options_(std::move(options)), end_of_turn_tokens_(std::move(end_of_turn_tokens)) {}
 
-  std::string name_;
-  // The whole literal the template prints before a first message that is not
-  // "system" (e.g. "<|im_start|>system\n...<|im_end|>\n"), if it has one.
-  std::optional<std::string> default_system_;
+  jinja::Template template_;
+  ChatTemplateOptions options_;
   std::vector<std::string> end_of_turn_tokens_;
 };
+
+// The messages of a chat request prepared as the template sees them (see
+// above); InvalidArgument naming the message for a bad one.
+absl::StatusOr<jinja::Value> PrepareMessages(const nlohmann::ordered_json& messages);
 
 }  // namespace tandem::openai
 

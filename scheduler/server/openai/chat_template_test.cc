@@ -1,5 +1,5 @@
-// ChatTemplate: recognition of chat templates and their rendering. The
-// expected strings are derived by hand from the Jinja text under Hugging Face
+// ChatTemplate: chat templates run by our Jinja interpreter. The expected
+// strings are derived by hand from the Jinja text under Hugging Face
 // transformers' settings (trim_blocks, lstrip_blocks, one trailing newline
 // dropped), which is what `apply_chat_template` renders.
 #include "scheduler/server/openai/chat_template.h"
@@ -67,9 +67,8 @@ std::string MustRender(const ChatTemplate& t, std::vector<ChatMessage> messages,
   return text.ok() ? *text : "";
 }
 
-TEST(ChatTemplateTest, RecognizesSmolLm2) {
+TEST(ChatTemplateTest, FindsSmolLm2sEndOfTurn) {
   const ChatTemplate t = MustCreate(kSmolLm2Template);
-  EXPECT_EQ(t.name(), "chatml");
   EXPECT_THAT(t.end_of_turn_tokens(), ElementsAre("<|im_end|>"));
 }
 
@@ -104,24 +103,23 @@ TEST(ChatTemplateTest, DefaultSystemDependsOnlyOnTheFirstMessage) {
             std::string(kSmolLm2System) + "<|im_start|>assistant\nx<|im_end|>\n");
 }
 
-TEST(ChatTemplateTest, RecognizesTheRandomModelsChatMl) {
+TEST(ChatTemplateTest, RendersTheRandomModelsChatMl) {
   const ChatTemplate t = MustCreate(kChatMlTemplate);
-  EXPECT_EQ(t.name(), "chatml");
   EXPECT_EQ(MustRender(t, {{"user", "hi"}}),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(MustRender(t, {{"system", "s"}, {"user", "u"}}, false),
             "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
 }
 
-TEST(ChatTemplateTest, RecognizesQwen2WithItsOwnDefault) {
+TEST(ChatTemplateTest, RendersQwen2WithItsOwnDefault) {
   const ChatTemplate t = MustCreate(kQwen2Template);
   EXPECT_EQ(MustRender(t, {{"user", "hi"}}),
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
-// The default text comes from the template, not from a table.
-TEST(ChatTemplateTest, ExtractsAnyDefaultSystemText) {
+// The default text comes from the template.
+TEST(ChatTemplateTest, PrintsAnyDefaultSystemText) {
   std::string jinja = kQwen2Template;
   const std::string old_text = "You are a helpful assistant.";
   jinja.replace(jinja.find(old_text), old_text.size(), "Tu es Pirate Pete. Arr \\'matey\\'.");
@@ -164,7 +162,7 @@ TEST(ChatTemplateTest, RejectsBadMessages) {
 // Spelling that does not change what Jinja prints: quotes, spacing, `a.b`,
 // whitespace control, newlines that trim_blocks removes, literals split or
 // joined, literal text instead of `{{ '...' }}`, comments, a trailing newline.
-TEST(ChatTemplateTest, RecognizesEquivalentSpellings) {
+TEST(ChatTemplateTest, EquivalentSpellingsRenderAlike) {
   const std::vector<std::string> chatml = {
       "{%- for message in messages -%}\n  {{- \"<|im_start|>\" + message.role + \"\\n\" + "
       "message.content + \"<|im_end|>\\n\" -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n "
@@ -207,88 +205,120 @@ TEST(ChatTemplateTest, RecognizesEquivalentSpellings) {
             "<|im_start|>system\nHi.<|im_end|>\n\n<|im_start|>user\nu<|im_end|>\n");
 }
 
-// Whitespace that Jinja would print changes the prompt: not ChatML any more.
-TEST(ChatTemplateTest, RefusesTemplatesThatPrintOtherWhitespace) {
-  const std::vector<std::string> others = {
-      // The newline after `}}` is printed (trim_blocks applies to blocks only).
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + "
-      "'<|im_end|>' + '\\n'}}\n{% endfor %}{% if add_generation_prompt %}{{ "
-      "'<|im_start|>assistant\\n' }}{% endif %}",
-      // `+%}` keeps the newline after the block.
-      "{% for message in messages +%}\n{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + "
-      "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
-      "'<|im_start|>assistant\\n' }}{% endif %}",
-      // Jinja drops one trailing newline and trim_blocks the next; a third is printed.
-      std::string(kChatMlTemplate) + "\n\n\n",
-      // Indentation before an expression is printed (lstrip_blocks is for blocks).
-      "{% for message in messages %}\n  {{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + "
-      "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
-      "'<|im_start|>assistant\\n' }}{% endif %}",
-  };
-  for (const std::string& jinja : others) {
-    absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(jinja);
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << jinja;
-  }
+// Whitespace that Jinja prints is printed: the template runs as it is.
+TEST(ChatTemplateTest, PrintsTheWhitespaceJinjaPrints) {
+  const std::string turn = "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}";
+  // The newline after `}}` is printed (trim_blocks applies to blocks only).
+  EXPECT_EQ(MustRender(MustCreate("{% for message in messages %}" + turn + "\n{% endfor %}"), {{"user", "u"}}, false),
+            "<|im_start|>user\nu<|im_end|>\n\n");
+  // `+%}` keeps the newline after the block.
+  EXPECT_EQ(MustRender(MustCreate("{% for message in messages +%}\n" + turn + "{% endfor %}"), {{"user", "u"}}, false),
+            "\n<|im_start|>user\nu<|im_end|>\n");
+  // Indentation before an expression is printed (lstrip_blocks is for blocks).
+  EXPECT_EQ(MustRender(MustCreate("{% for message in messages %}\n  " + turn + "{% endfor %}"), {{"user", "u"}}, false),
+            "  <|im_start|>user\nu<|im_end|>\n");
+  // One trailing newline is dropped and trim_blocks eats the next; a third is printed.
+  EXPECT_EQ(MustRender(MustCreate(std::string(kChatMlTemplate) + "\n\n\n"), {{"user", "u"}}, false),
+            "<|im_start|>user\nu<|im_end|>\n\n");
 }
 
-TEST(ChatTemplateTest, RefusesUnknownTemplatesWithAHelpfulMessage) {
-  const std::vector<std::string> unknown = {
-      // Llama 3.
+// Templates that are not ChatML render too (Llama 3 and Zephyr in their
+// short forms), with bos_token and eos_token from the options.
+TEST(ChatTemplateTest, RendersOtherFamilies) {
+  ChatTemplateOptions options;
+  options.bos_token = "<|begin_of_text|>";
+  options.eos_token = "</s>";
+  absl::StatusOr<ChatTemplate> llama3 = ChatTemplate::Create(
       "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
-      "trim + "
-      "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif "
-      "%}{{ content }}"
-      "{% endfor %}{% if add_generation_prompt %}{{ "
-      "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
-      // Zephyr.
-      "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
-      "message['content'] + "
+      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+      "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+      "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+      options);
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ(MustRender(*llama3, {{"user", "  hi \n"}}),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_THAT(llama3->end_of_turn_tokens(), ElementsAre("<|eot_id|>", "</s>"));
+  absl::StatusOr<ChatTemplate> zephyr = ChatTemplate::Create(
+      "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
       "eos_token }}\n{% endif %}\n{% endfor %}",
-      // ChatML without the generation prompt.
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + "
-      "'<|im_end|>' + '\\n'}}{% endfor %}",
-      // ChatML that trims the content.
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] | trim + "
-      "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
-      "'<|im_start|>assistant\\n' }}{% endif %}",
-      // The default system message built from a variable.
-      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
-      "system_prompt }}"
-      "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
-      "'\\n'}}"
-      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
-      "hello",
-      "{{ messages }}",
-      // Malformed.
-      "{% for message in messages %",
-      "{{ 'unterminated }}",
-      "{{ '\\q' }}",
-      "{{ a $ b }}",
+      options);
+  ASSERT_TRUE(zephyr.ok()) << zephyr.status();
+  EXPECT_EQ(MustRender(*zephyr, {{"user", "a"}, {"assistant", "b"}, {"user", "c"}}), "<|user|>\na</s>\n<|user|>\nc</s>\n");
+}
+
+// The full request: tools, tool calls with their arguments parsed from
+// JSON, tool results, chat_template_kwargs, raise_exception, strftime_now.
+TEST(ChatTemplateTest, RendersToolsKwargsAndTheTemplatesOwnErrors) {
+  ChatTemplateOptions options;
+  options.now = [] {
+    std::tm tm{};
+    tm.tm_year = 124;
+    tm.tm_mon = 6;
+    tm.tm_mday = 26;
+    return tm;
   };
-  for (const std::string& jinja : unknown) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(
+      "{{ strftime_now('%d %b %Y') }}|{{ greeting }}|{% for tool in tools %}{{ tool.function.name }};{% endfor %}|"
+      "{% for m in messages %}{% if m.role == 'developer' %}{{ raise_exception('no developers') }}{% endif %}"
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}"
+      "{% elif m.role == 'tool' %}[{{ m.tool_call_id }}:{{ m.content }}]{% else %}{{ m.content }}{% endif %}"
+      "{% if m.content is none %}(none){% endif %}{% endfor %}"
+      "{% if messages | length > 3 %}{{ raise_exception('at most 3 messages, got ' ~ messages | length) }}{% endif %}",
+      options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ChatRenderInput in;
+  in.messages = nlohmann::ordered_json::parse(R"([
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "f", "arguments": "{\"z\": 1, \"a\": [true, null]}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "42"}])");
+  in.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  in.chat_template_kwargs = {{"greeting", "hello"}, {"messages", "ignored: cannot override"}};
+  absl::StatusOr<std::string> text = t->Render(in);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "26 Jul 2024|hello|f;|a\nb{\"z\": 1, \"a\": [true, null]}(none)[c1:42]");
+
+  in.messages.push_back({{"role", "user"}, {"content", "x"}});
+  absl::StatusOr<std::string> refused = t->Render(in);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("at most 3 messages, got 4"));
+
+  in.messages = nlohmann::ordered_json::parse(
+      R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}])");
+  EXPECT_THAT(t->Render(in).status().message(), HasSubstr("messages[0]: a tool call's 'arguments' is not valid JSON"));
+  in.messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": [{"type": "image_url"}]}])");
+  EXPECT_THAT(t->Render(in).status().message(), HasSubstr("only text content parts"));
+}
+
+TEST(ChatTemplateTest, RefusesTemplatesThatDoNotParseWithTheirPosition) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{% for message in messages %", "unterminated tag at line 1, column 1"},
+      {"ok\n{{ 'unterminated }}", "unterminated tag at line 2, column 1"},
+      {"{{ a $ b }}", "unexpected character '$' at line 1, column 6"},
+      {"{% for m in messages %}{% endif %}", "unexpected 'endif' inside 'for' (opened at line 1, column 1) at line 1, column 24"},
+      {"{% for m in messages %}{% if m %}", "'if' is never closed at line 1, column 24"},
+      {"{% if x %}\n  {% frobnicate %}{% endif %}", "unknown statement 'frobnicate' at line 2, column 3"},
+  };
+  for (const auto& [jinja, why] : bad) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(jinja);
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << jinja;
-    EXPECT_THAT(t.status().message(), HasSubstr("chat template is not supported")) << jinja;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << jinja;
+    EXPECT_THAT(t.status().message(), HasSubstr(why)) << jinja;
     EXPECT_THAT(t.status().message(), HasSubstr("/v1/completions")) << jinja;
   }
   absl::StatusOr<ChatTemplate> empty = ChatTemplate::Create("");
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(empty.status().message(), HasSubstr("chat template is not supported"));
-  EXPECT_THAT(empty.status().message(), HasSubstr("/v1/completions"));
+  EXPECT_THAT(empty.status().message(), HasSubstr("no chat template"));
+  EXPECT_THAT(empty.status().message(), HasSubstr("--chat-template"));
 }
 
-// Every proper prefix of a known template, and random byte edits of it, give
-// an error or a template, never a crash.
+// Every proper prefix of a template, and random byte edits of it, give an
+// error or a template that renders or refuses, never a crash.
 TEST(ChatTemplateTest, SurvivesTruncationAndMutation) {
   const std::string full = kSmolLm2Template;
   for (size_t n = 0; n < full.size(); ++n) {
-    EXPECT_FALSE(ChatTemplate::Create(full.substr(0, n)).ok()) << n;
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(full.substr(0, n));
+    if (t.ok()) (void)t->Render({{"user", "hi"}}, true);
   }
   std::mt19937 rng(7);
   const std::string alphabet = "{}%#-+'\"\\\n .[]x";
@@ -313,10 +343,11 @@ TEST(ChatTemplateTest, SurvivesTruncationAndMutation) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(jinja);
     if (t.ok()) {
       ++recognized;
-      EXPECT_TRUE(t->Render({{"user", "hi"}}, true).ok());
+      absl::StatusOr<std::string> text = t->Render({{"user", "hi"}}, true);
+      if (!text.ok()) EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
     }
   }
-  std::printf("[ info     ] %d of 3000 mutated templates still recognized\n", recognized);
+  std::printf("[ info     ] %d of 3000 mutated templates still parse\n", recognized);
 }
 
 // The real model: its template is recognized and the rendered prompt
@@ -340,7 +371,6 @@ TEST_F(SmolLm2ChatTemplateTest, RendersAPromptThatTokenizesWithSpecialTurnMarker
   EXPECT_EQ(tokenizer_->data().chat_template, kSmolLm2Template);
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(tokenizer_->data().chat_template);
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(t->name(), "chatml");
   ASSERT_EQ(t->end_of_turn_tokens().size(), 1u);
   const TokenId im_start = tokenizer_->FindToken("<|im_start|>");
   const TokenId im_end = tokenizer_->FindToken(t->end_of_turn_tokens()[0]);

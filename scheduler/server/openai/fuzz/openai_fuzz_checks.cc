@@ -97,39 +97,23 @@ std::vector<ChatMessage> SplitMessages(std::string_view text) {
   }
 }
 
-// A recognized template renders `messages`; the properties hold for every
-// family we know (chat_template.h).
+// A template that parses renders `messages` or refuses them with
+// InvalidArgument (its own raise_exception, a type error), the same way each
+// time; messages with a role outside the four OpenAI ones are always refused
+// (chat_template.h). What the text is depends on the template, which the
+// fuzzer mutates, so it is compared with jinja2 elsewhere
+// (tests/openai/test_chat_templates.py).
 std::string CheckRender(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
-  bool renderable = !messages.empty();
-  for (const ChatMessage& m : messages) renderable = renderable && AllowedRole(m.role);
-  absl::StatusOr<std::string> with_prompt = t.Render(messages, /*add_generation_prompt=*/true);
-  absl::StatusOr<std::string> without = t.Render(messages, /*add_generation_prompt=*/false);
-  if (with_prompt.ok() != renderable || without.ok() != renderable) {
-    return absl::StrCat("render ", with_prompt.ok() ? "accepted" : "refused", " messages that ",
-                        renderable ? "are" : "are not", " renderable: ", with_prompt.status().ToString());
-  }
-  if (!renderable) {
-    return absl::IsInvalidArgument(with_prompt.status()) ? "" : "refused without InvalidArgument";
-  }
-  if (!absl::StartsWith(*with_prompt, *without) || with_prompt->size() == without->size()) {
-    return "the generation prompt is not appended to the conversation";
-  }
-  // Each content, in order.
-  size_t at = 0;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const size_t found = without->find(messages[i].content, at);
-    if (found == std::string::npos) return absl::StrCat("message ", i, "'s content is missing or out of order");
-    at = found + messages[i].content.size();
-  }
-  // A longer conversation extends a shorter one (checked for the first
-  // message and all but the last: every split would make an input quadratic).
-  for (size_t head_size : {size_t{1}, messages.size() - 1}) {
-    if (head_size == 0 || head_size >= messages.size()) continue;
-    absl::StatusOr<std::string> head =
-        t.Render(std::vector<ChatMessage>(messages.begin(), messages.begin() + head_size), false);
-    if (!head.ok() || !absl::StartsWith(*without, *head)) {
-      return absl::StrCat("the first ", head_size, " messages do not render a prefix of the whole");
+  bool allowed = !messages.empty();
+  for (const ChatMessage& m : messages) allowed = allowed && AllowedRole(m.role);
+  for (bool gen : {true, false}) {
+    absl::StatusOr<std::string> first = t.Render(messages, gen);
+    absl::StatusOr<std::string> again = t.Render(messages, gen);
+    if (!first.ok() && (!absl::IsInvalidArgument(first.status()) || first.status().message().empty())) {
+      return "refused without InvalidArgument and a message: " + first.status().ToString();
     }
+    if (!allowed && first.ok()) return "rendered messages with a role that is not allowed";
+    if (first.ok() != again.ok() || (first.ok() && *first != *again)) return "rendering is not deterministic";
   }
   return "";
 }
@@ -156,10 +140,9 @@ std::string CheckChatTemplate(std::string_view input) {
       end == std::string_view::npos ? std::vector<ChatMessage>{{"user", "hi"}} : SplitMessages(input.substr(end + 1));
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Create(jinja);
   if (!t.ok()) {
-    const bool expected = absl::IsInvalidArgument(t.status()) || absl::IsUnimplemented(t.status());
-    return expected && !t.status().message().empty() ? "" : "refused with " + t.status().ToString();
+    return absl::IsInvalidArgument(t.status()) && !t.status().message().empty() ? ""
+                                                                                  : "refused with " + t.status().ToString();
   }
-  if (t->name().empty()) return "a recognized template without a family name";
   return CheckRender(*t, messages);
 }
 
