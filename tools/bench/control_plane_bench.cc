@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/default_model.h"
 #include "common/flags.h"
 #include "common/gguf/llama_config.h"
 #include "common/gguf/model_file.h"
@@ -222,11 +223,14 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
     engine->Submit("", std::move(spec), sink);
   }
   // Every request running, its prefill done.
-  const bool steady = WaitFor([&] { return engine->Snapshot().num_running == c.running; }, 120) &&
+  // A failed step fails the requests: stop waiting then.
+  const bool steady = WaitFor([&] { return sink->finished > 0 || engine->Snapshot().num_running == c.running; }, 120) &&
                       WaitFor([&, from = meter.steps()] { return meter.steps() >= from + 64; }, 120);
   if (!steady || sink->finished > 0) {
     stop();
-    return absl::InternalError(absl::StrCat("the batch did not reach ", c.running, " running requests"));
+    return absl::InternalError(absl::StrCat("the batch did not reach ", c.running, " running requests (",
+                                            sink->finished.load(), " ended early; see the workers' logs in ",
+                                            o.log_dir, ")"));
   }
   const int64_t steps0 = meter.steps();
   const auto wall0 = Clock::now();
@@ -275,7 +279,7 @@ std::vector<int64_t> ParseList(const std::string& text) {
 
 int Main(int argc, char** argv) {
   BenchOptions o;
-  o.model = ProgramDirectory() + "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  o.model = DefaultModelPath();
   o.worker = ProgramDirectory() + "/tandem-worker";
   std::string running = "64,256,1024", stages = "1,2", async = "on,off";
   FlagParser flags("control_plane_bench",
