@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "scheduler/server/openai/json_util.h"
 #include "scheduler/server/openai/openai_call.h"
+#include "scheduler/server/openai/openai_tokenize.h"
 
 namespace tandem::openai {
 namespace {
@@ -30,6 +31,20 @@ ApiError NotFound(std::string message) {
 std::string RandomHex() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return absl::StrFormat("%016x", rng());
+}
+
+// What the chat template is given, from the request as the client sent it
+// (key order kept: tools print with tojson). The body already parsed.
+ChatRenderInput ChatInputOf(const std::string& body) {
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  ChatRenderInput in;
+  if (!j.is_object()) return in;
+  in.messages = j.value("messages", nlohmann::ordered_json::array());
+  in.tools = j.value("tools", nlohmann::ordered_json());
+  in.chat_template_kwargs = j.value("chat_template_kwargs", nlohmann::ordered_json());
+  const auto gen = j.find("add_generation_prompt");
+  in.add_generation_prompt = gen == j.end() || !gen->is_boolean() || gen->get<bool>();
+  return in;
 }
 
 }  // namespace
@@ -102,7 +117,8 @@ void OpenAiFrontend::Handle(http::HttpRequest request, std::shared_ptr<http::Res
     metrics_->OnHttpResponse(200);
     return writer->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(input));
   }
-  if (path.rfind("/v1/", 0) != 0) return RespondError(*writer, NotFound(absl::StrCat("no route for ", path)));
+  const bool tokenize = path == "/tokenize" || path == "/detokenize";  // vLLM's paths, outside /v1
+  if (path.rfind("/v1/", 0) != 0 && !tokenize) return RespondError(*writer, NotFound(absl::StrCat("no route for ", path)));
 
   if (!options_.api_key.empty() && request.header("authorization") != absl::StrCat("Bearer ", options_.api_key)) {
     ApiError e;
@@ -110,6 +126,13 @@ void OpenAiFrontend::Handle(http::HttpRequest request, std::shared_ptr<http::Res
     e.type = "authentication_error";
     e.message = "a valid API key is required: send the header 'Authorization: Bearer <key>'";
     return RespondError(*writer, e);
+  }
+  if (tokenize) {
+    if (!post) return method_not_allowed();
+    const TokenizeContext context{tokenizer_, &chat_template_, options_.served_model_name, MaxModelLen()};
+    auto result = path == "/tokenize" ? Tokenize(request.body, context) : Detokenize(request.body, context);
+    if (auto* error = std::get_if<ApiError>(&result)) return RespondError(*writer, *error);
+    return RespondJson(*writer, 200, std::get<std::string>(result));
   }
   if (path == "/v1/models") {
     if (!get) return method_not_allowed();
@@ -149,7 +172,7 @@ void OpenAiFrontend::HandleGeneration(Endpoint endpoint, const http::HttpRequest
   std::vector<std::vector<TokenId>> prompts;
   if (endpoint == Endpoint::kChatCompletions) {
     if (!chat_template_.ok()) return RespondError(*writer, BadRequest(std::string(chat_template_.status().message()), "messages"));
-    absl::StatusOr<std::string> text = chat_template_->Render(r.messages, /*add_generation_prompt=*/true);
+    absl::StatusOr<std::string> text = chat_template_->Render(ChatInputOf(request.body));
     if (!text.ok()) return RespondError(*writer, BadRequest(std::string(text.status().message()), "messages"));
     // The template writes the special tokens (and BOS, if the model wants one) itself.
     prompts.push_back(tokenizer_->Encode(*text, /*add_special=*/false, /*parse_special=*/true));
