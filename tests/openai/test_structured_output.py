@@ -162,9 +162,12 @@ def test_async_equals_sync_at_depths_1_to_3(tmp_path):
             jsonschema.validate(json.loads(text), SMALL)
     for key, texts in results.items():
         assert texts == reference, key
-    # Async scheduling overlaps a structured step's forward with its predecessor (queue depths 2 and 3);
-    # synchronous scheduling never has a step in flight when it plans the next.
-    assert overlaps[(1, True)] and overlaps[(2, True)], overlaps
+    # At PP 1 with async scheduling (queue depth 2) every decode step of a structured request is planned
+    # and launched while its predecessor is in flight, and only its sampling waits. At PP 2 a request
+    # decodes every other step, and whether its previous step is still in flight when the next is planned
+    # depends on timing, so only equal outputs are asserted there. Synchronous scheduling never has a
+    # step in flight when it plans the next.
+    assert overlaps[(1, True)], overlaps
     assert not overlaps[(1, False)] and not overlaps[(2, False)], overlaps
 
 
