@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,9 +108,22 @@ absl::StatusOr<HttpApi> StartHttpApi(const SchedulerFlags& f, const ListenFlags&
   options.served_model_name = f.ServedModelName();
   options.api_key = f.api_key;
   options.model_context_length = f.max_model_len > 0 ? static_cast<int32_t>(f.max_model_len) : model.config.context_length;
-  api.frontend = std::make_unique<openai::OpenAiFrontend>(
-      options, engine, model.tokenizer.get(), openai::ChatTemplate::Create(model.tokenizer->data().chat_template),
-      metrics, [group] { return ViewOf(*group); });
+  // The chat template: --chat-template's file, else the GGUF's; a file that does not parse stops the start.
+  const Tokenizer& tok = *model.tokenizer;
+  openai::ChatTemplateOptions chat_options;
+  if (tok.bos_token_id() >= 0) chat_options.bos_token = tok.TokenBytes(tok.bos_token_id());
+  if (tok.eos_token_id() >= 0) chat_options.eos_token = tok.TokenBytes(tok.eos_token_id());
+  std::string chat_jinja = tok.data().chat_template;
+  if (!f.chat_template.empty()) {
+    std::ifstream in(f.chat_template);
+    chat_jinja.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  absl::StatusOr<openai::ChatTemplate> chat_template = openai::ChatTemplate::Create(chat_jinja, chat_options);
+  if (!f.chat_template.empty() && !chat_template.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--chat-template ", f.chat_template, ": ", chat_template.status().message()));
+  }
+  api.frontend = std::make_unique<openai::OpenAiFrontend>(options, engine, model.tokenizer.get(), std::move(chat_template),
+                                                          metrics, [group] { return ViewOf(*group); });
   http::HttpServerOptions http_options;
   http_options.host = listen.http_host;
   http_options.port = static_cast<int>(listen.http_port);

@@ -31,6 +31,8 @@ void SchedulerFlags::Register(FlagParser* flags) {
   flags->AddString("trace-steps", &trace_steps, "write every step and result to this file as JSON lines");
   flags->AddString("api-key", &api_key, "require 'Authorization: Bearer KEY' on /v1/ (default: none)");
   flags->AddString("served-model-name", &served_model_name, "the model's name in the API (default: the file's name)");
+  flags->AddString("chat-template", &chat_template,
+                   "a Jinja chat template file to use instead of the model's tokenizer.chat_template");
   flags->AddInt("http-threads", &http_threads, "threads that serve every HTTP connection", 1, 256);
   flags->AddDouble("http-request-timeout", &http_request_timeout,
                    "seconds a client may take to send one HTTP request from its first byte (a slower one gets "
@@ -76,6 +78,9 @@ void SchedulerFlags::RegisterTls(FlagParser* flags) { tls.Register(flags, "worke
 absl::Status SchedulerFlags::Validate() const {
   if (absl::Status s = tls.Validate(); !s.ok()) return s;
   if (absl::Status s = ValidateHttps(https_cert, https_key); !s.ok()) return s;
+  if (!chat_template.empty() && !std::ifstream(chat_template)) {
+    return absl::InvalidArgumentError(absl::StrCat("flag --chat-template: cannot read '", chat_template, "'"));
+  }
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
   if (!(queue_timeout >= 0)) return absl::InvalidArgumentError("flag --queue-timeout must not be negative");
@@ -140,6 +145,7 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
   if (!trace_steps.empty()) args.push_back(flag("trace-steps", trace_steps));
   if (!api_key.empty()) args.push_back(flag("api-key", api_key));
   if (!served_model_name.empty()) args.push_back(flag("served-model-name", served_model_name));
+  if (!chat_template.empty()) args.push_back(flag("chat-template", chat_template));
   if (!https_cert.empty()) args.push_back(flag("https-cert", https_cert));
   if (!https_key.empty()) args.push_back(flag("https-key", https_key));
   return args;

@@ -87,3 +87,30 @@ def test_unknown_model_and_method(server):
     r = conn.getresponse()
     assert r.status == 405
     conn.close()
+
+
+def test_chat_template_flag_overrides_the_models(tmp_path):
+    """--chat-template FILE replaces the GGUF's template (here Phi-3.5's, a non-ChatML one)."""
+    import os
+    import subprocess
+
+    from conftest import BIN, MODEL, ROOT, Server
+    template = os.path.join(ROOT, "tests", "data", "chat_templates", "microsoft-Phi-3.5-mini-instruct.jinja")
+    server = Server(["--chat-template", template], log_name="chat_template.log", tmp_path=str(tmp_path))
+    try:
+        status, body = post(server, "/tokenize", {"messages": [{"role": "system", "content": "S"},
+                                                               {"role": "user", "content": "hi"}]})
+        assert status == 200, body
+        _, text = post(server, "/detokenize", {"tokens": body["tokens"]})
+        assert text["prompt"] == "<|system|>\nS<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\n"
+    finally:
+        server.stop()
+    # A file that is missing, or that does not parse, stops the start with a message.
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    for path, why in ((str(tmp_path / "missing.jinja"), "cannot read"), (str(bad), "'for' is never closed")):
+        r = subprocess.run([os.path.join(BIN, "tandem"), "serve", "--model", MODEL, "--port", "0",
+                            "--grpc-port", "0", "--chat-template", path],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0
+        assert "--chat-template" in r.stderr and why in r.stderr, r.stderr[-2000:]
