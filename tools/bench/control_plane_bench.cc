@@ -225,7 +225,7 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   // Every request running, its prefill done.
   // A failed step fails the requests: stop waiting then.
   const bool steady = WaitFor([&] { return sink->finished > 0 || engine->Snapshot().num_running == c.running; }, 120) &&
-                      WaitFor([&, from = meter.steps()] { return meter.steps() >= from + 64; }, 120);
+                      WaitFor([&, from = meter.steps()] { return sink->finished > 0 || meter.steps() >= from + 64; }, 120);
   if (!steady || sink->finished > 0) {
     stop();
     return absl::InternalError(absl::StrCat("the batch did not reach ", c.running, " running requests (",
