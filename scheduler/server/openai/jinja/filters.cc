@@ -1,7 +1,9 @@
 // jinja2's built-in filters and tests (the ones chat templates use), with
 // transformers' tojson.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -81,9 +83,11 @@ absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
   const Value* dflt = Arg(args, 0, "default");
   const Value fallback = dflt != nullptr ? *dflt : Value::Int(0);
   if (value.is_int()) return Value::Int(value.as_int());
+  // int64 holds what chat templates count; larger values take the default.
+  auto in_range = [](double d) { return std::isfinite(d) && std::fabs(d) < 9.2e18; };
   if (value.kind() == Value::Kind::kFloat) {
     const double d = value.as_double();
-    return std::isfinite(d) ? Value::Int(static_cast<int64_t>(d)) : fallback;
+    return in_range(d) ? Value::Int(static_cast<int64_t>(d)) : fallback;
   }
   if (value.is_string()) {
     const std::string s = Strip(value.str(), true, true, nullptr);
@@ -92,7 +96,7 @@ absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
     const long long i = std::strtoll(s.c_str(), &end, 10);
     if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::Int(i);
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::Int(static_cast<int64_t>(d));
+    if (!s.empty() && end == s.c_str() + s.size() && in_range(d)) return Value::Int(static_cast<int64_t>(d));
   }
   return fallback;
 }
@@ -308,7 +312,8 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, C
   if (name == "abs") {
     if (!value.is_number()) return absl::InvalidArgumentError("abs: not a number");
     return value.kind() == Value::Kind::kFloat ? Value::Float(std::fabs(value.as_double()))
-                                               : Value::Int(std::llabs(value.as_int()));
+                                               : Value::Int(value.as_int() == INT64_MIN ? INT64_MIN
+                                                                                        : std::llabs(value.as_int()));
   }
   if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
     return SelectFilter(name, value, args);

@@ -76,11 +76,12 @@ absl::StatusOr<Value> Range(CallArgs& args) {
   const int64_t step = n.size() == 3 ? n[2] : 1;
   if (step == 0) return absl::InvalidArgumentError("range() step must not be zero");
   ValueList out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     if (static_cast<int64_t>(out.size()) >= kMaxRange) {
       return absl::InvalidArgumentError(absl::StrCat("range() is limited to ", kMaxRange, " items"));
     }
     out.push_back(Value::Int(i));
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   return Value::List(std::move(out));
 }
@@ -543,7 +544,9 @@ class Interpreter {
     if (op == "*" && (a.is_string() || a.is_list()) && b.is_int()) {
       const int64_t n = std::max<int64_t>(b.as_int(), 0);
       const size_t unit = a.is_string() ? a.str().size() : a.list().size();
-      if (unit * static_cast<uint64_t>(n) > (1u << 24)) return absl::InvalidArgumentError("repetition too large");
+      if (unit != 0 && static_cast<uint64_t>(n) > (uint64_t{1} << 24) / unit) {
+        return absl::InvalidArgumentError("repetition too large");
+      }
       if (a.is_string()) {
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += a.str();
@@ -585,7 +588,11 @@ class Interpreter {
       if (op == "**") {
         if (y < 0) return Value::Float(std::pow(static_cast<double>(x), static_cast<double>(y)));
         r = 1;
-        for (int64_t i = 0; i < y && !overflow; ++i) overflow = __builtin_mul_overflow(r, x, &r);
+        if (x == 0 || x == 1 || x == -1) {
+          r = x == 0 ? (y == 0 ? 1 : 0) : (x == -1 && y % 2 != 0 ? -1 : 1);
+        } else {
+          for (int64_t i = 0; i < y && !overflow; ++i) overflow = __builtin_mul_overflow(r, x, &r);  // ends by 63
+        }
       }
       if (overflow) return absl::InvalidArgumentError("integer overflow");
       return Value::Int(r);

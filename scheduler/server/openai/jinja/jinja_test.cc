@@ -164,6 +164,12 @@ TEST(JinjaTest, BoundsHostileTemplates) {
   ASSERT_TRUE(loops.ok());
   EXPECT_THAT(loops->Render({}, few_steps).status().message(), HasSubstr("step limit"));
   EXPECT_THAT(Render("{{ range(1000000) }}"), HasSubstr("range() is limited"));
+  // Arithmetic at int64's edges errs or stops instead of overflowing or spinning.
+  EXPECT_EQ(Render("{{ 1 ** 9223372036854775807 }}{{ (-1) ** 3 }}{{ 0 ** 0 }}"), "1-11");
+  EXPECT_THAT(Render("{{ 3 ** 100 }}"), HasSubstr("integer overflow"));
+  EXPECT_EQ(Render("{{ range(0, 9223372036854775807, 4611686018427387904) | length }}"), "2");
+  EXPECT_EQ(Render("{{ 'abc'[::-9223372036854775807] }}{{ 1e300 | int }}{{ 'x' * -1 }}"), "c0");
+  EXPECT_THAT(Render("{{ 'ab' * 9223372036854775807 }}"), HasSubstr("repetition too large"));
   RenderLimits small;
   small.max_output_bytes = 1000;
   absl::StatusOr<Template> t = Template::Parse("{% for i in range(1000) %}xxxxxxxxxx{% endfor %}");

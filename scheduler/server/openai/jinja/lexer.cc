@@ -1,6 +1,8 @@
 #include "scheduler/server/openai/jinja/lexer.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <utility>
 

@@ -148,12 +148,13 @@ absl::StatusOr<Value> Slice(const Value& obj, const Value& start_v, const Value&
   const int64_t hi = adjust(stop, step < 0 ? -1 : n);
   ValueList items;
   std::string text;
-  for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+  for (int64_t i = lo; step > 0 ? i < hi : i > hi;) {
     if (obj.is_list()) {
       items.push_back(obj.list()[i]);
     } else {
       text += obj.str().substr(at[i], at[i + 1] - at[i]);
     }
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   if (obj.is_string()) return Value::String(std::move(text));
   return Value::List(std::move(items), obj.is_tuple());
