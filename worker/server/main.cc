@@ -24,6 +24,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
 #include "common/rpc/tls_credentials.h"
+#include "worker/comm/tls_context.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
 #include "worker/server/grpc/health_server.h"
 #include "worker/server/grpc/scheduler_dial.h"
@@ -74,6 +75,17 @@ int main(int argc, char** argv) {
   o.device = static_cast<int32_t>(f.device);
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.comm = f.comm;
+  if (p.tls.enabled()) {  // the same files secure the worker-to-worker channel
+    auto comm_tls = tandem::worker::TlsContext::Load(p.tls.cert, p.tls.key, p.tls.ca);
+    if (!comm_tls.ok()) {
+      std::fprintf(stderr, "tandem-worker %lld: %s\n", static_cast<long long>(p.rank),
+                   std::string(comm_tls.status().message()).c_str());
+      return 1;
+    }
+    o.comm_tls = *std::move(comm_tls);
+    std::fprintf(stderr, "tandem-worker %lld: worker channel: mutual TLS 1.3 (--tls-*)\n",
+                 static_cast<long long>(p.rank));
+  }
 
   // Up before the model loads, so a liveness probe sees the process at once;
   // "" is SERVING only while the worker is in a group its scheduler formed.

@@ -176,6 +176,7 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
     TcpCommunicator::Options comm;
     comm.host = options_.comm_host;
     comm.port = static_cast<uint16_t>(options_.comm_port);
+    comm.tls = options_.comm_tls;
     TANDEM_ASSIGN_OR_RETURN(tcp_, TcpCommunicator::Listen(options_.rank, options_.world_size, comm));
     configured->set_comm_address(tcp_->address());
     if (!nccl_identity_.empty()) {

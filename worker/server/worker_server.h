@@ -64,6 +64,8 @@ struct WorkerOptions {
   int32_t block_size = 16;
   std::string comm_host = "127.0.0.1";  // where the other ranks can reach this one
   int32_t comm_port = 0;                 // its listener's port; 0: any free port
+  // TLS on the worker-to-worker channel (the --tls-* files); null: plaintext.
+  std::shared_ptr<const TlsContext> comm_tls;
   absl::Duration peer_timeout = absl::Seconds(30);
   // The device (worker_flags.h).
   std::string backend = "cpu";
