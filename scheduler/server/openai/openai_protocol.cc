@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,10 +27,21 @@ class Fields {
     if (!error_) error_ = BadRequest(std::move(message), std::move(param));
   }
 
-  // The field if present and not null.
-  const Json* Get(const char* name) const {
+  // The field if present and not null. Marks it read (see RefuseUnread).
+  const Json* Get(const char* name) {
+    read_.insert(name);
     auto it = object_.find(name);
     return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  // Refuses the first field (in key order) that nothing read: a field we do
+  // not know must not be accepted and silently ignored. null counts as absent.
+  void RefuseUnread() {
+    for (const auto& [name, value] : object_.items()) {
+      if (!value.is_null() && read_.count(name) == 0) {
+        return Fail(absl::StrCat("'", name, "' is not supported by this server"), name);
+      }
+    }
   }
 
   void Bool(const char* name, bool* out) {
@@ -82,6 +94,7 @@ class Fields {
  private:
   const Json& object_;
   std::optional<ApiError> error_;
+  std::set<std::string, std::less<>> read_;
 };
 
 bool ParseTokenArray(const Json& array, std::vector<TokenId>* out) {
@@ -537,6 +550,15 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
       f.Fail("'best_of' other than 'n' is not supported by this server", "best_of");
     }
   }
+  if (chat) {
+    // Read by the frontend, which renders the chat template; checked here.
+    if (const Json* v = f.Get("chat_template_kwargs"); v != nullptr && !v->is_object()) {
+      f.Fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    }
+    bool add_generation_prompt = true;
+    f.Bool("add_generation_prompt", &add_generation_prompt);
+  }
+  f.RefuseUnread();
   if (f.error()) return *f.error();
   return r;
 }

@@ -27,7 +27,7 @@ TEST(OpenAiProtocolTest, CompletionWithEveryParameter) {
     "model": "m", "prompt": "Hello", "n": 3, "stream": true, "stream_options": {"include_usage": true},
     "max_tokens": 20, "min_tokens": 2, "stop": ["\n", "END"], "seed": 7, "temperature": 0.5, "top_p": 0.9,
     "top_k": 40, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
-    "logprobs": 2, "ignore_eos": true, "user": "u", "some_future_field": {"x": 1}})");
+    "logprobs": 2, "ignore_eos": true, "user": "u"})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0].text, "Hello");
@@ -48,6 +48,36 @@ TEST(OpenAiProtocolTest, CompletionWithEveryParameter) {
   EXPECT_EQ(r.logprobs, 2);
   EXPECT_EQ(r.sampling.logprobs, 2);
   EXPECT_TRUE(r.sampling.ignore_eos);
+}
+
+// A field we do not implement is refused by name, never accepted and ignored
+// (issue 14): a client that sends it expects an effect it would not get.
+TEST(OpenAiProtocolTest, UnknownFieldsAreRefusedByName) {
+  const struct {
+    Endpoint endpoint;
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {Endpoint::kCompletions, R"({"prompt": "x", "some_future_field": {"x": 1}})", "some_future_field"},
+      {Endpoint::kCompletions, R"({"prompt": "x", "add_generation_prompt": true})", "add_generation_prompt"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})",
+       "continue_final_message"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"})",
+       "chat_template"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "documents": []})", "documents"},
+      {Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 3})",
+       "chat_template_kwargs"},
+  };
+  for (const auto& c : cases) {
+    const ApiError e = ParseError(c.endpoint, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_THAT(e.message, HasSubstr(c.param)) << c.body;
+  }
+  // null is absent, and the chat template's own fields are known on chat.
+  ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "some_future_field": null})");
+  ParseOk(Endpoint::kChatCompletions, R"({"messages": [{"role": "user", "content": "x"}],
+      "chat_template_kwargs": {"enable_thinking": false}, "add_generation_prompt": false})");
 }
 
 TEST(OpenAiProtocolTest, DefaultsAreOpenAis) {
@@ -319,7 +349,9 @@ TEST(OpenAiProtocolTest, HostileBodiesAreRefused) {
   auto nested = [](int depth) {
     return R"({"prompt": "x", "some_future_field": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
   };
-  EXPECT_EQ(ParseOk(Endpoint::kCompletions, nested(kMaxJsonDepth - 1)).prompts.size(), 1u);
+  // One level under the limit the body is parsed and reaches the field checks.
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, nested(kMaxJsonDepth - 1)).message,
+              HasSubstr("'some_future_field' is not supported"));
   EXPECT_THAT(ParseError(Endpoint::kCompletions, nested(kMaxJsonDepth)).message, HasSubstr("deeper than 64"));
   EXPECT_THAT(ParseError(Endpoint::kCompletions, std::string(8 << 20, '[')).message, HasSubstr("deeper"));
   EXPECT_THAT(ParseError(Endpoint::kCompletions, std::string(4 << 20, '{') + std::string(4 << 20, '}')).message,
