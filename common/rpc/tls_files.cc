@@ -20,14 +20,18 @@ std::vector<std::string> TlsFiles::ToArgs() const {
 }
 
 absl::Status TlsFiles::Validate() const {
-  if (!enabled()) return absl::OkStatus();
-  const std::pair<const char*, const std::string*> files[] = {{"tls-cert", &cert}, {"tls-key", &key}, {"tls-ca", &ca}};
+  return ValidateCertificateFlags({{"tls-cert", &cert}, {"tls-key", &key}, {"tls-ca", &ca}},
+                                  "--tls-cert, --tls-key and --tls-ca go together");
+}
+
+absl::Status ValidateCertificateFlags(const std::vector<std::pair<const char*, const std::string*>>& files,
+                                      const char* together) {
+  bool any = false;
+  for (const auto& file : files) any = any || !file.second->empty();
+  if (!any) return absl::OkStatus();
   // Which one is missing first: that is the mistake, not an unreadable other.
   for (const auto& [name, path] : files) {
-    if (path->empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --", name, " is missing: --tls-cert, --tls-key and --tls-ca go together"));
-    }
+    if (path->empty()) return absl::InvalidArgumentError(absl::StrCat("flag --", name, " is missing: ", together));
   }
   for (const auto& [name, path] : files) {
     if (path->find("$(") != std::string::npos) {

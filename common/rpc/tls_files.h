@@ -12,6 +12,7 @@
 #define TANDEM_COMMON_RPC_TLS_FILES_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,13 @@ struct TlsFiles {
   // InvalidArgument naming the flag: all three or none, each a readable file.
   absl::Status Validate() const;
 };
+
+// Files that certificate flags name, all or none: OK when every path is
+// empty; otherwise InvalidArgument naming the first flag that is missing
+// (`together` lists the flags in the message), then the first with an
+// unresolved $(VAR) or a file that cannot be read or is empty.
+absl::Status ValidateCertificateFlags(const std::vector<std::pair<const char*, const std::string*>>& files,
+                                      const char* together);
 
 }  // namespace tandem::rpc
 

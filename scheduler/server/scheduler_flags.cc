@@ -50,25 +50,8 @@ namespace {
 
 // --https-cert and --https-key: both or none, each a readable file.
 absl::Status ValidateHttps(const std::string& cert, const std::string& key) {
-  if (cert.empty() && key.empty()) return absl::OkStatus();
-  const std::pair<const char*, const std::string*> files[] = {{"https-cert", &cert}, {"https-key", &key}};
-  for (const auto& [name, path] : files) {
-    if (path->empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --", name, " is missing: --https-cert and --https-key go together"));
-    }
-  }
-  for (const auto& [name, path] : files) {
-    if (path->find("$(") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " has an unresolved variable: '", *path, "'"));
-    }
-    std::ifstream in(*path);
-    if (!in || in.peek() == std::ifstream::traits_type::eof()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --", name, ": cannot read '", *path, "' (missing, unreadable or empty)"));
-    }
-  }
-  return absl::OkStatus();
+  return rpc::ValidateCertificateFlags({{"https-cert", &cert}, {"https-key", &key}},
+                                       "--https-cert and --https-key go together");
 }
 
 }  // namespace

@@ -43,13 +43,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   // A GPU's memory before anything is loaded (the KV cache's share is
   // computed from it); unavailable for a backend in host memory.
   const absl::StatusOr<DeviceMemory> at_start = DeviceMemoryOf(*w->backend_);
-  TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::OpenModelFile(options.model_path));
-  TANDEM_ASSIGN_OR_RETURN(w->config_, gguf::ReadLlamaConfig(*w->file_));
-  if (options.world_size > w->config_.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(options.world_size, " pipeline stages for a model of ",
-                                                   w->config_.num_layers, " layers"));
-  }
-  w->stage_ = PipelineStage(w->config_.num_layers, options.world_size, options.rank);
+  TANDEM_RETURN_IF_ERROR(w->OpenModelStage());
   TANDEM_ASSIGN_OR_RETURN(w->model_, LlamaModel::Load(*w->file_, w->config_, w->backend_.get(), w->stage_));
   TANDEM_RETURN_IF_ERROR(w->SizeKvCache(at_start.ok() ? &*at_start : nullptr));
   if (options.world_size > 1 && options.comm != "tcp") {
@@ -63,15 +57,20 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   return w;
 }
 
+absl::Status WorkerServer::OpenModelStage() {
+  TANDEM_ASSIGN_OR_RETURN(file_, gguf::OpenModelFile(options_.model_path));
+  TANDEM_ASSIGN_OR_RETURN(config_, gguf::ReadLlamaConfig(*file_));
+  if (options_.world_size > config_.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.world_size, " pipeline stages for a model of ", config_.num_layers, " layers"));
+  }
+  stage_ = PipelineStage(config_.num_layers, options_.world_size, options_.rank);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::CreateFake(std::unique_ptr<WorkerServer> w) {
   const WorkerOptions& options = w->options_;
-  TANDEM_ASSIGN_OR_RETURN(w->file_, gguf::OpenModelFile(options.model_path));
-  TANDEM_ASSIGN_OR_RETURN(w->config_, gguf::ReadLlamaConfig(*w->file_));
-  if (options.world_size > w->config_.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(options.world_size, " pipeline stages for a model of ",
-                                                   w->config_.num_layers, " layers"));
-  }
-  w->stage_ = PipelineStage(w->config_.num_layers, options.world_size, options.rank);
+  TANDEM_RETURN_IF_ERROR(w->OpenModelStage());
   // The fake model's KV is nothing; the budget still bounds the pool, at a
   // nominal 8 bytes per cell.
   const int64_t per_block = w->KvBytesPerBlock(options);

@@ -130,6 +130,8 @@ class WorkerServer {
   absl::Status Connect(const v1::ConnectGroup& connect);
   // --fake-model: no backend, no weights (WorkerOptions::fake_model).
   static absl::StatusOr<std::unique_ptr<WorkerServer>> CreateFake(std::unique_ptr<WorkerServer> w);
+  // Opens the model file, reads its config and picks this rank's layers.
+  absl::Status OpenModelStage();
   absl::Status ConnectFake(const v1::ConnectGroup& connect);
   int64_t KvBytesPerBlock(const WorkerOptions& options) const;
   void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
