@@ -78,6 +78,36 @@ wait_ready() {
 
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
+# cpu_times PID: "name pid cpu_seconds" for PID and every descendant (utime +
+# stime from /proc), so a run can report which process spent the CPU.
+cpu_times() {
+  python3 - "$1" <<'PY'
+import os, sys
+ticks = os.sysconf("SC_CLK_TCK")
+procs = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        continue
+    name = stat[stat.index("(") + 1:stat.rindex(")")]  # cut at 15 characters: prefer argv[0]
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            name = os.path.basename(f.read().split(b"\0")[0].decode()) or name
+    except OSError:
+        pass
+    fields = stat[stat.rindex(")") + 2:].split()
+    procs[int(pid)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+tree, frontier = set(), {int(sys.argv[1])}
+while frontier:
+    tree |= frontier
+    frontier = {p for p, (_, ppid, _) in procs.items() if ppid in frontier} - tree
+for pid in sorted(tree & procs.keys()):
+    print(procs[pid][0], pid, procs[pid][2])
+PY
+}
+
 # run_one SERVER CONCURRENCY INPUT OUTPUT REPEAT: one server alone, one bench.
 run_one() {
   local server=$1 c=$2 in=$3 outlen=$4 r=$5
@@ -96,10 +126,12 @@ run_one() {
     pid=$!
     wait_ready "http://127.0.0.1:$port/health" $pid "$out/$tag.log" || { stop $pid; return 1; }
   fi
+  cpu_times $pid > "$out/$tag.cpu-before"
   "$build/bin/tandem" bench --base-url "http://127.0.0.1:$port" --tokenizer "$model" \
     --num-prompts $((rounds * c > 8 ? rounds * c : 8)) --max-concurrency "$c" --random-input-len "$in" \
     --random-output-len "$outlen" --ignore-eos --num-warmups 1 --disable-progress-bar \
     --result-file "$out/$tag.json" > "$out/$tag.txt" 2>&1 || { stop $pid; cat "$out/$tag.txt" >&2; return 1; }
+  cpu_times $pid > "$out/$tag.cpu-after"
   stop $pid
 }
 
@@ -145,5 +177,32 @@ for shape in shapes:
         print(f"| concurrency {c}, {i} in + {o} out{note} | {span(tt, '{:.1f}')} | {span(lt, '{:.1f}')} | "
               f"{span(ratios, '{:.2f}')}x | {span([x['mean_ttft_ms'] for x in t], '{:.0f}')} | "
               f"{span([x['mean_ttft_ms'] for x in l], '{:.0f}')} |")
+
+def cpu_used(server, c, i, o, r):
+    """CPU seconds each process of the server spent during run r, by name."""
+    tag = os.path.join(out, f"{server}-c{c}-in{i}-out{o}-r{r}")
+    def read(suffix):
+        with open(f"{tag}.{suffix}") as f:
+            return {(name, pid): float(t) for name, pid, t in (line.split() for line in f)}
+    before, after = read("cpu-before"), read("cpu-after")
+    used = {}
+    for (name, pid), t in after.items():
+        used[name] = used.get(name, 0.0) + t - before.get((name, pid), 0.0)
+    return used
+
+print("\nTPOT p99 and where the CPU went (first run of each cell): CPU seconds per process during the run "
+      "(warm-up included), and CPU ms per output token over all of them\n")
+print("| workload | tandem TPOT p99 ms | llama.cpp TPOT p99 ms | tandem CPU s by process | tandem CPU ms/token | "
+      "llama.cpp CPU ms/token |")
+print("|---|---|---|---|---|---|")
+for shape in shapes:
+    i, o = shape.split(":")
+    for c in concurrencies:
+        t, l = runs("tandem", c, i, o)[0], runs("llama", c, i, o)[0]
+        tu, lu = cpu_used("tandem", c, i, o, 1), cpu_used("llama", c, i, o, 1)
+        by_process = ", ".join(f"{name} {sec:.1f}" for name, sec in sorted(tu.items(), key=lambda kv: -kv[1]))
+        per_token = lambda used, run: 1000 * sum(used.values()) / max(run["total_output_tokens"], 1)
+        print(f"| concurrency {c}, {i} in + {o} out | {t['p99_tpot_ms']:.1f} | {l['p99_tpot_ms']:.1f} | {by_process} | "
+              f"{per_token(tu, t):.1f} | {per_token(lu, l):.1f} |")
 PY
 echo "peer_bench.sh: logs and JSON in $out"
