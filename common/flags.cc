@@ -146,6 +146,7 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
       Flag* negated = Find(name.substr(3));
       if (negated != nullptr && negated->is_bool) {
         negated->set("false");
+        negated->was_set = true;
         continue;
       }
     }
@@ -165,8 +166,16 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
     if (std::string error = flag->set(value); !error.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(program_, ": flag --", name, " ", error));
     }
+    flag->was_set = true;
   }
   return absl::OkStatus();
+}
+
+bool FlagParser::WasSet(const std::string& name) const {
+  for (const Flag& flag : flags_) {
+    if (flag.name == name) return flag.was_set;
+  }
+  return false;
 }
 
 std::optional<int> FlagParser::ParseOrExitCode(const std::vector<std::string>& args) {

@@ -54,6 +54,9 @@ class FlagParser {
   // returns 2, on --help prints the usage and returns 0; otherwise nullopt.
   std::optional<int> ParseOrExitCode(const std::vector<std::string>& args);
   bool help_requested() const { return help_requested_; }
+  // Whether the last Parse gave --name a value (so a caller can pick a
+  // default that depends on other flags).
+  bool WasSet(const std::string& name) const;
   std::string Usage() const;
 
  private:
@@ -64,6 +67,7 @@ class FlagParser {
     bool is_bool = false;
     // Parses and stores a value; returns an error message or "".
     std::function<std::string(const std::string&)> set;
+    bool was_set = false;  // by the last Parse
   };
   Flag* Find(const std::string& name);
 

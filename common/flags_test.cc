@@ -36,6 +36,16 @@ TEST(FlagParserTest, ParsesBothSpellingsAndNegation) {
   EXPECT_DOUBLE_EQ(p.temperature, 0.5);
 }
 
+TEST(FlagParserTest, WasSetTellsGivenFromDefault) {
+  Parsed p;
+  FlagParser flags = MakeParser(&p);
+  ASSERT_TRUE(flags.Parse({"--max-tokens=3", "--no-async-scheduling"}).ok());
+  EXPECT_TRUE(flags.WasSet("max-tokens"));  // even when given its default value
+  EXPECT_TRUE(flags.WasSet("async-scheduling"));
+  EXPECT_FALSE(flags.WasSet("name"));
+  EXPECT_FALSE(flags.WasSet("no-such-flag"));
+}
+
 TEST(FlagParserTest, ErrorsNameTheFlag) {
   Parsed p;
   FlagParser flags = MakeParser(&p);

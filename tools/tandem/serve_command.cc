@@ -19,6 +19,10 @@
 
 namespace tandem::tools {
 
+// Tokens per step for a CPU group when --max-num-batched-tokens is not given:
+// about 1 s of prefill on two cores, which bounds a decode's wait for it.
+constexpr int64_t kCpuMaxNumBatchedTokens = 256;
+
 // The parent checks what the children would: a bad flag or model file is
 // reported once, at once, not by a child after the others started.
 absl::Status Validate(const LocalClusterOptions& o) {
@@ -56,6 +60,12 @@ int RunServe(const std::vector<std::string>& args) {
   o.scheduler.RegisterTls(&flags);
   o.worker.Register(&flags);
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
+  // The scheduler's 2048 tokens per step fill a GPU's batch; on a CPU such a
+  // step is seconds of prefill that every running decode waits behind (README,
+  // "Chunked prefill on the CPU"), so a CPU group gets a smaller budget.
+  if (o.worker.backend == "cpu" && !flags.WasSet("max-num-batched-tokens")) {
+    o.scheduler.max_num_batched_tokens = kCpuMaxNumBatchedTokens;
+  }
   o.port = static_cast<int32_t>(grpc_port);
   o.http_port = static_cast<int32_t>(http_port);
   if (absl::Status s = Validate(o); !s.ok()) {
