@@ -145,6 +145,20 @@ def test_n_seed_and_sampling_parameters(client):
     assert a.usage.completion_tokens >= 12
 
 
+def test_best_of_returns_the_best_candidates_by_cumulative_logprob(client):
+    # best_of candidates get seeds seed, seed+1, ...: the same as n=best_of with that seed.
+    kwargs = dict(model=SERVED_NAME, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=77,
+                  extra_body={"ignore_eos": True})
+    best = client.completions.create(n=2, best_of=5, **kwargs)
+    every = client.completions.create(n=5, logprobs=0, **kwargs)
+    ranked = sorted(every.choices, key=lambda c: sum(c.logprobs.token_logprobs), reverse=True)
+    assert len({c.text for c in every.choices}) > 2  # the ranking means something
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [c.index for c in best.choices] == [0, 1]
+    assert all(c.logprobs is None for c in best.choices)  # asked internally, not returned
+    assert best.usage.completion_tokens == 5 * 8  # every candidate's tokens, as OpenAI bills best_of
+
+
 def test_logprobs(client):
     r = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
                                   extra_body={"ignore_eos": True})

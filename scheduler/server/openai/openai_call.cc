@@ -100,7 +100,7 @@ OpenAiCall::OpenAiCall(GenerationRequest request, CallSetup setup, std::vector<s
       writer_(std::move(writer)) {}
 
 void OpenAiCall::Start() {
-  const int32_t n = request_.n;
+  const int32_t n = request_.best_of;
   choices_.resize(prompts_.size() * n);
   for (size_t p = 0; p < prompts_.size(); ++p) {
     for (int32_t j = 0; j < n; ++j) {
@@ -134,7 +134,9 @@ void OpenAiCall::Start() {
       spec.grammar = structured::GrammarFactory::NewGrammar(setup_.grammar, std::move(stops));
     }
     // Choices with one seed would all be the same; each gets its own.
-    if (spec.sampling.seed) *spec.sampling.seed += i % request_.n;
+    if (spec.sampling.seed) *spec.sampling.seed += i % n;
+    // best_of ranks candidates by their sampled tokens' logprobs, asked for even when the client did not.
+    if (n > request_.n) spec.sampling.logprobs = std::max(spec.sampling.logprobs, 0);
     // Outputs are posted to this strand, so none is handled before this returns.
     choices_[i].request_id =
         engine_->Submit(choices_[i].engine_id, std::move(spec), std::make_shared<ChoiceSink>(shared_from_this(), i));
@@ -208,7 +210,10 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
     return;
   }
 
+  const int32_t counted_before = choice.text->num_tokens();
   TextDelta delta = choice.text->Add(output.new_token_ids);
+  const size_t counted = std::min(output.logprobs.size(), static_cast<size_t>(choice.text->num_tokens() - counted_before));
+  for (size_t i = 0; i < counted; ++i) choice.cumulative_logprob += output.logprobs[i].logprob;
   std::string text = std::move(delta.text);
   std::string reason;
   if (delta.stopped) {
@@ -334,6 +339,22 @@ std::string OpenAiCall::FinishReasonJson(const Choice& choice, size_t index) con
   return choice.finish_reason;
 }
 
+std::vector<size_t> OpenAiCall::Returned() const {
+  const size_t best_of = request_.best_of, n = request_.n;
+  std::vector<size_t> returned;
+  for (size_t first = 0; first < choices_.size(); first += best_of) {
+    std::vector<size_t> candidates(best_of);
+    for (size_t j = 0; j < best_of; ++j) candidates[j] = first + j;
+    if (best_of > n) {
+      std::stable_sort(candidates.begin(), candidates.end(), [this](size_t a, size_t b) {
+        return choices_[a].cumulative_logprob > choices_[b].cumulative_logprob;
+      });
+    }
+    returned.insert(returned.end(), candidates.begin(), candidates.begin() + n);
+  }
+  return returned;
+}
+
 void OpenAiCall::Complete() {
   if (client_gone_) return;
   if (request_.stream && stream_started_) {
@@ -356,10 +377,12 @@ void OpenAiCall::Complete() {
     return;
   }
   Json choices = Json::array();
-  for (size_t i = 0; i < choices_.size(); ++i) {
+  const std::vector<size_t> returned = Returned();
+  for (size_t k = 0; k < returned.size(); ++k) {
+    const size_t i = returned[k];
     const Choice& c = choices_[i];
     Json logprobs = request_.logprobs >= 0 ? c.logprobs : Json(nullptr);
-    Json entry = {{"index", i},
+    Json entry = {{"index", k},
                   {"logprobs", std::move(logprobs)},
                   {"finish_reason", FinishReasonJson(c, i)},
                   {"stop_reason", c.stop_reason ? Json(*c.stop_reason) : Json(nullptr)}};

@@ -66,6 +66,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
     std::string finish_reason;
     std::optional<std::string> stop_reason;
     std::chrono::steady_clock::time_point last_token;  // epoch until the first token
+    double cumulative_logprob = 0;  // of the tokens counted in usage; ranks best_of candidates
   };
 
   // On the strand.
@@ -86,6 +87,9 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   nlohmann::json ToolCalls(size_t index, const std::string& text) const;
   bool tool_call() const { return request_.tool_choice != ToolChoice::kNone; }
   std::string FinishReasonJson(const Choice& choice, size_t index) const;
+  // The choices the response returns, in order: all of them, or with
+  // best_of > n the n best of each prompt's candidates, best first.
+  std::vector<size_t> Returned() const;
 
   const GenerationRequest request_;
   const CallSetup setup_;

@@ -410,6 +410,22 @@ void ParseTools(Endpoint endpoint, std::string_view body, Fields* f, GenerationR
 }
 
 // Whether `body` nests arrays and objects deeper than `limit`, counting
+// best_of as vLLM v0: at least n, and only for whole responses (a stream
+// would have to send every candidate before knowing which are the best).
+void ParseBestOf(Fields* f, GenerationRequest* r) {
+  r->best_of = r->n;
+  if (!f->Integer("best_of", &r->best_of, 1, kMaxChoices)) return;
+  if (r->best_of < r->n) {
+    return f->Fail(absl::StrCat("'best_of' must be at least 'n'; got best_of ", r->best_of, " and n ", r->n), "best_of");
+  }
+  if (r->stream && r->best_of != r->n) return f->Fail("'best_of' other than 'n' is not allowed with \"stream\": true", "best_of");
+  if (r->prompts.size() * static_cast<size_t>(r->best_of) > static_cast<size_t>(kMaxSequences)) {
+    f->Fail(absl::StrCat("best_of times the number of prompts must be at most ", kMaxSequences, "; got ", r->best_of,
+                         " x ", r->prompts.size()),
+            "best_of");
+  }
+}
+
 // brackets outside strings. Linear and recursion-free; on text that is not
 // JSON the answer does not matter (the parser refuses it anyway).
 bool NestsDeeperThan(std::string_view body, int limit) {
@@ -545,11 +561,7 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   ParseTools(endpoint, body, &f, &r);
   ParseResponseFormat(f.Get("response_format"), body, &f, &r);
   ParseGuided(body, &f, &r);
-  if (const Json* v = f.Get("best_of")) {
-    if (!v->is_number_integer() || v->get<int64_t>() != r.n) {
-      f.Fail("'best_of' other than 'n' is not supported by this server", "best_of");
-    }
-  }
+  ParseBestOf(&f, &r);
   if (chat) {
     // Read by the frontend, which renders the chat template; checked here.
     if (const Json* v = f.Get("chat_template_kwargs"); v != nullptr && !v->is_object()) {

@@ -5,7 +5,7 @@
 // Validation follows OpenAI's documented ranges (temperature in [0, 2],
 // penalties in [-2, 2], ...), vLLM's extensions (top_k, min_p,
 // repetition_penalty, ignore_eos, min_tokens, stop_token_ids) and refuses
-// what we do not implement (echo, best_of, tools, ...) by name instead of
+// what we do not implement (echo, suffix, ...) by name instead of
 // ignoring it. Unknown fields are ignored, as OpenAI clients send fields of
 // their own. Structured output (response_format, guided_*,
 // structured_outputs) is read here, one constraint per request; the frontend
@@ -67,6 +67,9 @@ struct GenerationRequest {
   std::vector<Prompt> prompts;              // completions: one or more
   std::vector<ChatMessage> messages;        // chat
   int32_t n = 1;
+  // Candidates generated per prompt (vLLM v0's best_of, >= n): the n with the
+  // highest cumulative logprob of their sampled tokens are returned. n when absent.
+  int32_t best_of = 1;
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   std::optional<int32_t> max_tokens;        // absent: 16 for completions, the rest of the context for chat

@@ -162,7 +162,12 @@ TEST(OpenAiProtocolTest, BadInputIsNamed) {
       {R"({"prompt": "x", "min_tokens": 5, "max_tokens": 2})", "min_tokens"},
       {R"({"prompt": "x", "seed": "s"})", "seed"},
       {R"({"prompt": "x", "echo": true})", "echo"},
-      {R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {R"({"prompt": "x", "n": 3, "best_of": 2})", "best_of"},
+      {R"({"prompt": "x", "best_of": 0})", "best_of"},
+      {R"({"prompt": "x", "best_of": 129})", "best_of"},
+      {R"({"prompt": "x", "best_of": "3"})", "best_of"},
+      {R"({"prompt": "x", "best_of": 3, "stream": true})", "best_of"},
+      {R"({"prompt": ["a", "b", "c"], "best_of": 100})", "best_of"},
       {R"({"prompt": "x", "logit_bias": {"1": 5}})", "logit_bias"},
       {R"({"prompt": "x", "model": 5})", "model"},
   };
@@ -332,6 +337,19 @@ TEST(OpenAiProtocolTest, PriorityIsAnIntegerDefaultingToZero) {
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": "high"})").param, "priority");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": 1.5})").param, "priority");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "priority": 4294967296})").param, "priority");
+}
+
+// best_of as vLLM v0: n candidates unless given, at least n, not streamed
+// unless equal to n.
+TEST(OpenAiProtocolTest, BestOf) {
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "n": 3})").best_of, 3);
+  const GenerationRequest r = ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "n": 2, "best_of": 5})");
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 5);
+  EXPECT_EQ(r.logprobs, -1);  // the client asked for none; the call asks the worker itself
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "n": 2, "best_of": 2, "stream": true})").best_of, 2);
+  EXPECT_THAT(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "n": 3, "best_of": 2})").message,
+              HasSubstr("at least 'n'"));
 }
 
 TEST(OpenAiProtocolTest, ErrorObjectHasOpenAisShape) {
