@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/types.h"
@@ -30,6 +31,12 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   std::optional<uint64_t> seed;
   int32_t logprobs = -1;  // -1: none; n >= 0: sampled token plus top-n
+  // OpenAI's logit_bias: (token, bias) sorted by token, unique, bias in
+  // [-100, 100]; the worker adds it to the raw logit before penalties.
+  std::vector<std::pair<TokenId, float>> logit_bias;
+  // vLLM's bad_words as token sequences (each non-empty): the worker bans the
+  // last token of each whose other tokens end the generated output.
+  std::vector<std::vector<TokenId>> bad_words_token_ids;
 };
 
 }  // namespace tandem::scheduler

@@ -1,5 +1,7 @@
 #include "scheduler/wire/step_codec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace tandem::scheduler {
@@ -32,6 +34,13 @@ void EncodeSamplingParams(const SamplingParams& p, bool structured_output, v1::S
   if (p.eos_token_id) out->set_eos_token_id(*p.eos_token_id);
   out->set_logprobs(p.logprobs);
   out->set_structured_output(structured_output);
+  for (const auto& [token, bias] : p.logit_bias) {
+    out->add_logit_bias_token_ids(token);
+    out->add_logit_bias_values(bias);
+  }
+  for (const std::vector<TokenId>& word : p.bad_words_token_ids) {
+    out->add_bad_words_token_ids()->mutable_token_ids()->Add(word.begin(), word.end());
+  }
 }
 
 SamplingParams DecodeSamplingParams(const v1::SamplingParams& in) {
@@ -50,6 +59,9 @@ SamplingParams DecodeSamplingParams(const v1::SamplingParams& in) {
   p.ignore_eos = in.ignore_eos();
   if (in.has_eos_token_id()) p.eos_token_id = in.eos_token_id();
   p.logprobs = in.logprobs();
+  const int num_bias = std::min(in.logit_bias_token_ids_size(), in.logit_bias_values_size());
+  for (int i = 0; i < num_bias; ++i) p.logit_bias.emplace_back(in.logit_bias_token_ids(i), in.logit_bias_values(i));
+  for (const v1::TokenList& word : in.bad_words_token_ids()) p.bad_words_token_ids.push_back(ToVector(word.token_ids()));
   return p;
 }
 

@@ -190,6 +190,10 @@ struct SampleRow {
   int64_t history_start = 0;
   // Row of SampleParams::allowed (the grammar bitmask), or -1: no mask.
   int32_t mask_row = -1;
+  // This row's logit biases: entries [bias_start, bias_start + bias_len) of
+  // SampleParams::bias_ids/bias_values, ids ascending and unique (-inf bans).
+  int32_t bias_len = 0;
+  int64_t bias_start = 0;
 };
 static_assert(std::is_trivially_copyable_v<SampleRow>, "SampleRow is uploaded as bytes");
 
@@ -212,6 +216,9 @@ struct SampleParams {
   const uint32_t* allowed = nullptr;     // [num_mask_rows, words_per_row], or null
   int32_t num_mask_rows = 0;
   int32_t words_per_row = 0;             // >= ceil(vocab / 32) when allowed is set
+  const TokenId* bias_ids = nullptr;     // [num_bias] (SampleRow::bias_start), or null
+  const float* bias_values = nullptr;    // [num_bias]
+  int64_t num_bias = 0;
   TokenId* tokens = nullptr;             // [num_rows]
   float* logprobs = nullptr;             // [num_rows * (1 + max_top)] or null
   TokenId* top_ids = nullptr;            // [num_rows * max_top] or null

@@ -1,6 +1,7 @@
 #include "worker/runner/model_runner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -19,7 +20,66 @@ bool NeedsHistory(const SamplingOptions& o) {
   return o.repetition_penalty != 1.0f || o.frequency_penalty != 0.0f || o.presence_penalty != 0.0f;
 }
 
+// Whether a word of more than one token exists: then which tokens are banned
+// depends on the output so far, and sampling waits for the previous sample.
+bool BadWordsNeedOutput(const std::vector<std::vector<TokenId>>& bad_words) {
+  return std::any_of(bad_words.begin(), bad_words.end(), [](const auto& word) { return word.size() > 1; });
+}
+
+bool InVocab(TokenId t, int32_t vocab) { return t >= 0 && t < vocab; }
+
+// The slot's logit_bias and bad_words from the wire, checked against the
+// vocabulary (the scheduler validated them: a mismatch is a peer's bug).
+absl::Status ReadLogitsFields(const v1::SamplingParams& p, int32_t vocab, std::vector<std::pair<TokenId, float>>* bias,
+                              std::vector<std::vector<TokenId>>* bad_words) {
+  if (p.logit_bias_token_ids_size() != p.logit_bias_values_size()) {
+    return Mismatch("logit_bias ids and values differ in length");
+  }
+  bias->clear();
+  for (int i = 0; i < p.logit_bias_token_ids_size(); ++i) {
+    const TokenId t = p.logit_bias_token_ids(i);
+    if (!InVocab(t, vocab) || (i > 0 && t <= p.logit_bias_token_ids(i - 1))) {
+      return Mismatch(absl::StrCat("logit_bias token ", t, " is out of order or outside the vocabulary"));
+    }
+    bias->emplace_back(t, p.logit_bias_values(i));
+  }
+  bad_words->clear();
+  for (const v1::TokenList& word : p.bad_words_token_ids()) {
+    if (word.token_ids().empty()) return Mismatch("an empty bad word");
+    for (TokenId t : word.token_ids()) {
+      if (!InVocab(t, vocab)) return Mismatch(absl::StrCat("bad word token ", t, " is outside the vocabulary"));
+    }
+    bad_words->emplace_back(word.token_ids().begin(), word.token_ids().end());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<std::pair<TokenId, float>> StepBiases(const std::vector<std::pair<TokenId, float>>& logit_bias,
+                                                  const std::vector<std::vector<TokenId>>& bad_words,
+                                                  const TokenId* output, int32_t output_len) {
+  std::vector<std::pair<TokenId, float>> biases = logit_bias;
+  if (bad_words.empty()) return biases;
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  for (const std::vector<TokenId>& word : bad_words) {
+    const int32_t prefix = static_cast<int32_t>(word.size()) - 1;
+    if (prefix > output_len || !std::equal(word.begin(), word.end() - 1, output + output_len - prefix)) continue;
+    biases.emplace_back(word.back(), kBanned);
+  }
+  // A ban wins over a bias of the same token; stable_sort keeps a token's
+  // logit_bias entry before its ban, so the last entry of each run is kept.
+  std::stable_sort(biases.begin(), biases.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<TokenId, float>> merged;
+  for (const auto& entry : biases) {
+    if (!merged.empty() && merged.back().first == entry.first) {
+      merged.back().second = entry.second;
+    } else {
+      merged.push_back(entry);
+    }
+  }
+  return merged;
+}
 
 SamplingOptions ToSamplingOptions(const v1::SamplingParams& p) {
   SamplingOptions o;
@@ -116,6 +176,8 @@ absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
     slot.num_prompt_tokens = num_prompt;
     slot.num_computed = computed;
     slot.options = ToSamplingOptions(sampling);
+    TANDEM_RETURN_IF_ERROR(
+        ReadLogitsFields(sampling, model_->config().vocab_size, &slot.logit_bias, &slot.bad_words));
     slot.rng_key = sampling.has_seed() ? SplitMix64(sampling.seed()) : SplitMix64(options_.unseeded_rng_key + slot.id);
     return absl::OkStatus();
   };
@@ -408,13 +470,18 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
   std::vector<SampleRow> rows;
   std::vector<int32_t> row_slots;
   bool needs_history = false;
-  for (const Row& row : step.rows) needs_history |= row.samples && NeedsHistory(slots_[row.slot].options);
+  for (const Row& row : step.rows) {
+    const Slot& slot = slots_[row.slot];
+    needs_history |= row.samples && (NeedsHistory(slot.options) || BadWordsNeedOutput(slot.bad_words));
+  }
   if (needs_history) {
     for (auto earlier = pending_.begin(); earlier != it; ++earlier) TANDEM_RETURN_IF_ERROR(Absorb(*earlier));
   }
   // What the device reads: the rows, the histories of rows with penalties
-  // (prompt then output, flattened) and the mask rows of rows with a grammar.
-  std::vector<TokenId> history;
+  // (prompt then output, flattened), the mask rows of rows with a grammar
+  // and the biases of rows with logit_bias or bad_words.
+  std::vector<TokenId> history, bias_ids;
+  std::vector<float> bias_values;
   std::vector<uint32_t> masks;
   int32_t num_penalty_rows = 0, num_mask_rows = 0;
   for (const Row& row : step.rows) {
@@ -431,6 +498,16 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
       s.prompt_len = slot.num_prompt_tokens;
       s.output_len = static_cast<int32_t>(slot.tokens.size()) - slot.num_prompt_tokens;
       history.insert(history.end(), slot.tokens.begin(), slot.tokens.end());
+    }
+    if (!slot.logit_bias.empty() || !slot.bad_words.empty()) {
+      const int32_t output_len = static_cast<int32_t>(slot.tokens.size()) - slot.num_prompt_tokens;
+      s.bias_start = static_cast<int64_t>(bias_ids.size());
+      for (const auto& [token, bias] :
+           StepBiases(slot.logit_bias, slot.bad_words, slot.tokens.data() + slot.num_prompt_tokens, output_len)) {
+        bias_ids.push_back(token);
+        bias_values.push_back(bias);
+      }
+      s.bias_len = static_cast<int32_t>(bias_ids.size() - s.bias_start);
     }
     for (int g = 0; g < grammar.request_ids_size(); ++g) {
       if (grammar.request_ids(g) != row.id) continue;
@@ -463,6 +540,10 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
     TANDEM_RETURN_IF_ERROR(EnsureCapacity(penalty_counts_, size_t{1} * num_penalty_rows * vocab * sizeof(uint32_t), false));
   }
   if (num_mask_rows > 0) TANDEM_RETURN_IF_ERROR(upload(sample_masks_, masks));
+  if (!bias_ids.empty()) {
+    TANDEM_RETURN_IF_ERROR(upload(sample_bias_ids_, bias_ids));
+    TANDEM_RETURN_IF_ERROR(upload(sample_bias_values_, bias_values));
+  }
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_, num_rows * sizeof(TokenId), false));
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(sampled_slots_, num_rows * sizeof(int32_t), false));
   if (with_logprobs) {
@@ -484,6 +565,11 @@ absl::Status ModelRunner::Sample(const v1::SampleCommand& command) {
     params.allowed = sample_masks_->as<uint32_t>();
     params.num_mask_rows = num_mask_rows;
     params.words_per_row = grammar.words_per_row();
+  }
+  if (!bias_ids.empty()) {
+    params.bias_ids = sample_bias_ids_->as<TokenId>();
+    params.bias_values = sample_bias_values_->as<float>();
+    params.num_bias = static_cast<int64_t>(bias_ids.size());
   }
   params.tokens = sampled_->as<TokenId>();
   params.logprobs = with_logprobs ? logprobs_->as<float>() : nullptr;

@@ -146,6 +146,8 @@ class ModelRunner {
     std::vector<BlockId> blocks;
     SamplingOptions options;
     uint64_t rng_key = 0;
+    std::vector<std::pair<TokenId, float>> logit_bias;  // ascending ids, unique
+    std::vector<std::vector<TokenId>> bad_words;        // token sequences, each non-empty
   };
   struct Row {
     RequestId id;
@@ -218,13 +220,22 @@ class ModelRunner {
       block_table_start_, block_tables_, logits_rows_, sub_targets_, sub_slots_;
   std::unique_ptr<DeviceBuffer> logits_, sampled_, sampled_slots_, logprobs_, top_ids_;
   // Sample's inputs on the device (SampleParams): rows, penalty histories
-  // and their counts scratch, grammar mask rows.
-  std::unique_ptr<DeviceBuffer> sample_rows_, sample_history_, penalty_counts_, sample_masks_;
+  // and their counts scratch, grammar mask rows, logit biases.
+  std::unique_ptr<DeviceBuffer> sample_rows_, sample_history_, penalty_counts_, sample_masks_, sample_bias_ids_,
+      sample_bias_values_;
   std::unique_ptr<DeviceBuffer> hidden_in_, hidden_out_, token_message_, token_slots_, token_rows_;
 };
 
 // Sampling options of the worker from the wire.
 SamplingOptions ToSamplingOptions(const v1::SamplingParams& params);
+
+// The biases of one sampling step of a request: its logit_bias merged with
+// -inf for every token its bad_words ban after `output` (the tokens it
+// generated so far): the last token of each word whose other tokens end
+// `output` (a one-token word always). Ascending ids, unique.
+std::vector<std::pair<TokenId, float>> StepBiases(const std::vector<std::pair<TokenId, float>>& logit_bias,
+                                                  const std::vector<std::vector<TokenId>>& bad_words,
+                                                  const TokenId* output, int32_t output_len);
 
 }  // namespace tandem::worker
 

@@ -3,6 +3,8 @@
 // refused rather than trusted.
 #include "worker/runner/model_runner.h"
 
+#include <cmath>
+
 #include "common/gguf/random_llama.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,6 +88,79 @@ TEST_F(ModelRunnerTest, GrammarMaskIsApplied) {
   auto out = runner_->CollectOutput(1);
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->sampled_token_ids(0), 37);
+}
+
+// Runs request 7 greedily for two tokens (prompt step, then one decode
+// step with the placeholder) with `sampling` added; the tokens.
+std::vector<TokenId> TwoGreedyTokens(ModelRunner& runner, const v1::SamplingParams& sampling,
+                                     v1::SchedulerOutput first) {
+  first.mutable_new_requests(0)->mutable_sampling()->MergeFrom(sampling);
+  std::vector<TokenId> tokens;
+  v1::SchedulerOutput second;
+  second.set_step_seq(2);
+  v1::CachedRequests* cached = second.mutable_cached_requests();
+  cached->add_request_ids(7);
+  cached->add_resumed(false);
+  cached->add_num_computed_tokens(5);
+  cached->add_num_new_block_ids(0);
+  second.add_scheduled_request_ids(7);
+  second.add_num_scheduled_tokens(1);
+  for (const v1::SchedulerOutput* step : {&first, &second}) {
+    EXPECT_TRUE(runner.Execute(*step).ok());
+    v1::SampleCommand sample;
+    sample.set_step_seq(step->step_seq());
+    EXPECT_TRUE(runner.Sample(sample).ok());
+    auto out = runner.CollectOutput(step->step_seq());
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (out.ok() && out->sampled_token_ids_size() == 1) tokens.push_back(out->sampled_token_ids(0));
+  }
+  return tokens;
+}
+
+TEST_F(ModelRunnerTest, LogitBiasAndBadWordsChangeTheGreedyTokens) {
+  const std::vector<TokenId> free = TwoGreedyTokens(*runner_, {}, NewRequestStep(-1));
+  ASSERT_EQ(free.size(), 2u);
+
+  // -100 on the first token: another one wins, and logprobs stay raw.
+  v1::SamplingParams biased;
+  biased.add_logit_bias_token_ids(free[0]);
+  biased.add_logit_bias_values(-100.0f);
+  ModelRunner with_bias(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+  EXPECT_NE(TwoGreedyTokens(with_bias, biased, NewRequestStep(-1))[0], free[0]);
+
+  // The two tokens as one bad word: the first is allowed (nothing before
+  // it), the second is banned once the first was generated.
+  v1::SamplingParams bad;
+  bad.add_bad_words_token_ids()->add_token_ids(free[0]);
+  bad.mutable_bad_words_token_ids(0)->add_token_ids(free[1]);
+  ModelRunner with_bad(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+  const std::vector<TokenId> banned = TwoGreedyTokens(with_bad, bad, NewRequestStep(-1));
+  ASSERT_EQ(banned.size(), 2u);
+  EXPECT_EQ(banned[0], free[0]);
+  EXPECT_NE(banned[1], free[1]);
+
+  // A token outside the vocabulary is the scheduler's bug: refused.
+  v1::SchedulerOutput outside = NewRequestStep(-1);
+  outside.mutable_new_requests(0)->mutable_sampling()->add_logit_bias_token_ids(model_->config().vocab_size);
+  outside.mutable_new_requests(0)->mutable_sampling()->add_logit_bias_values(1.0f);
+  ModelRunner fresh(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+  EXPECT_THAT(fresh.Execute(outside).message(), HasSubstr("outside the vocabulary"));
+}
+
+TEST(StepBiasesTest, BadWordsBanTheirLastTokenAfterTheirPrefix) {
+  using Biases = std::vector<std::pair<TokenId, float>>;
+  const float kBan = -INFINITY;
+  const std::vector<std::vector<TokenId>> words = {{5}, {1, 2, 3}, {2, 9}};
+  const std::vector<TokenId> output = {7, 1, 2};
+  // {5} always; {1, 2, 3}: the output ends with 1, 2; {2, 9}: ends with 2.
+  EXPECT_EQ(StepBiases({}, words, output.data(), 3), (Biases{{3, kBan}, {5, kBan}, {9, kBan}}));
+  // Output 7, 1: only the one-token word ({2, 9} needs a 2 last).
+  EXPECT_EQ(StepBiases({}, words, output.data(), 2), (Biases{{5, kBan}}));
+  EXPECT_EQ(StepBiases({}, words, output.data(), 0), (Biases{{5, kBan}}));
+  // A ban wins over a logit_bias of the same token; other biases stay.
+  EXPECT_EQ(StepBiases({{3, 4.0f}, {8, -1.0f}}, words, output.data(), 3),
+            (Biases{{3, kBan}, {5, kBan}, {8, -1.0f}, {9, kBan}}));
+  EXPECT_EQ(StepBiases({{3, 4.0f}}, {}, output.data(), 3), (Biases{{3, 4.0f}}));
 }
 
 TEST_F(ModelRunnerTest, DisagreementsAreRefused) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "scheduler/server/openai/json_util.h"
+#include "scheduler/server/openai/logits_fields.h"
 #include "scheduler/server/openai/openai_call.h"
 #include "scheduler/server/openai/openai_tokenize.h"
 
@@ -183,6 +184,8 @@ void OpenAiFrontend::HandleGeneration(Endpoint endpoint, const http::HttpRequest
       prompts.push_back(p.is_tokens ? p.token_ids : tokenizer_->Encode(p.text, /*add_special=*/true, /*parse_special=*/false));
     }
   }
+  if (auto e = CheckLogitBiasVocab(r.sampling.logit_bias, *tokenizer_)) return RespondError(*writer, BadRequest(*e, "logit_bias"));
+  r.sampling.bad_words_token_ids = TokenizeBadWords(r.bad_words, *tokenizer_);
   const int32_t max_model_len = MaxModelLen();
   for (const std::vector<TokenId>& ids : prompts) {
     if (ids.empty()) return RespondError(*writer, BadRequest("the prompt is empty", "prompt"));

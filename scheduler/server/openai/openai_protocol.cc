@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/utf8.h"
 #include "scheduler/server/openai/json_util.h"
+#include "scheduler/server/openai/logits_fields.h"
 
 namespace tandem::openai {
 namespace {
@@ -557,7 +558,8 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   // Known parameters we do not implement: refused, not silently ignored.
   f.Unsupported("echo", false);
   f.Unsupported("suffix", "");
-  f.Unsupported("logit_bias", Json::object());
+  if (auto e = ParseLogitBias(f.Get("logit_bias"), &r.sampling.logit_bias)) f.Fail(*e, "logit_bias");
+  if (auto e = ParseBadWords(f.Get("bad_words"), &r.bad_words)) f.Fail(*e, "bad_words");
   ParseTools(endpoint, body, &f, &r);
   ParseResponseFormat(f.Get("response_format"), body, &f, &r);
   ParseGuided(body, &f, &r);

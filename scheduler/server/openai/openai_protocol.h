@@ -83,6 +83,8 @@ struct GenerationRequest {
   // value unless it runs the priority policy (--scheduling-policy=priority).
   int32_t priority = 0;
   std::string user;
+  // vLLM's bad_words as sent; the frontend tokenizes them into sampling.
+  std::vector<std::string> bad_words;
   // Chat tools: the functions, the `tools` list as sent (for the chat
   // template), and whether and which one the output must call.
   std::vector<ToolFunction> tools;

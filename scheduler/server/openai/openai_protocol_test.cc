@@ -168,7 +168,11 @@ TEST(OpenAiProtocolTest, BadInputIsNamed) {
       {R"({"prompt": "x", "best_of": "3"})", "best_of"},
       {R"({"prompt": "x", "best_of": 3, "stream": true})", "best_of"},
       {R"({"prompt": ["a", "b", "c"], "best_of": 100})", "best_of"},
-      {R"({"prompt": "x", "logit_bias": {"1": 5}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1": 101}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"x": 5}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": [5]})", "logit_bias"},
+      {R"({"prompt": "x", "bad_words": "no"})", "bad_words"},
+      {R"({"prompt": "x", "bad_words": [" "]})", "bad_words"},
       {R"({"prompt": "x", "model": 5})", "model"},
   };
   for (const Case& c : cases) {

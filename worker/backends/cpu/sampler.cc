@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backends/portable/sampling_rule.h"
 
 namespace tandem::worker {
@@ -60,6 +61,24 @@ void Logprobs(const float* logits, int32_t vocab, int32_t n, SampledToken* out, 
   }
 }
 
+// Row r's biases lie inside the arrays, name tokens of the vocabulary in
+// ascending order once each (RowBias searches them).
+absl::Status ValidateRowBias(const SampleParams& p, int32_t r) {
+  const SampleRow& row = p.rows[r];
+  if (row.bias_len < 0 || row.bias_start < 0 || row.bias_start + row.bias_len > p.num_bias || p.bias_ids == nullptr ||
+      p.bias_values == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, "'s logit biases are outside the arrays"));
+  }
+  for (int32_t i = 0; i < row.bias_len; ++i) {
+    const TokenId t = p.bias_ids[row.bias_start + i];
+    if (t < 0 || t >= p.vocab || (i > 0 && t <= p.bias_ids[row.bias_start + i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling row ", r, "'s logit bias names token ", t, " out of order or outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool SamplingSupport::Allows(float v) const {
@@ -85,6 +104,9 @@ absl::Status ValidateSampleParams(const SampleParams& p) {
          row.history_start + row.prompt_len + row.output_len > p.history_len)) {
       return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, "'s history is outside the arrays"));
     }
+    if (row.bias_len > 0) {
+      TANDEM_RETURN_IF_ERROR(ValidateRowBias(p, r));
+    }
     if (row.mask_row >= 0 && (p.allowed == nullptr || row.mask_row >= p.num_mask_rows)) {
       return absl::InvalidArgumentError(absl::StrCat("sampling row ", r, "'s grammar mask is outside the arrays"));
     }
@@ -103,6 +125,11 @@ void RowValues(const SampleParams& p, int32_t r, SamplerScratch* s) {
   const float* logits = p.logits + int64_t{r} * vocab;
   float* values = s->values.data();
   std::copy(logits, logits + vocab, values);
+  // Step 1b: the biases first, so that the penalties below see them.
+  const TokenId* bias_ids = p.bias_ids + row.bias_start;
+  for (int32_t i = 0; i < row.bias_len; ++i) {
+    values[bias_ids[i]] = sr::BiasedLogit(logits[bias_ids[i]], p.bias_values[row.bias_start + i]);
+  }
   if (row.penalty_row >= 0) {
     // Counts as the GPU kernel's scratch holds them; zeroed again as applied.
     uint32_t* counts = s->counts.data();
@@ -118,7 +145,7 @@ void RowValues(const SampleParams& p, int32_t r, SamplerScratch* s) {
       for (int32_t i = 0; i < n; ++i) {
         const TokenId t = ids[i];
         if (t < 0 || t >= vocab || counts[t] == 0) continue;  // applied already
-        values[t] = sr::PenalizedLogit(logits[t], counts[t], o.repetition_penalty, o.frequency_penalty,
+        values[t] = sr::PenalizedLogit(values[t], counts[t], o.repetition_penalty, o.frequency_penalty,
                                        o.presence_penalty);
         counts[t] = 0;
       }

@@ -23,6 +23,8 @@ struct Fixture {
   SamplerScratch scratch;
   std::vector<TokenId> prompt, output;
   std::vector<uint32_t> mask;
+  std::vector<TokenId> bias_ids;  // ascending
+  std::vector<float> biases;
   uint64_t rng_key = 42;
 
   SampledToken Sample(const std::vector<float>& logits, int32_t position = 0) {
@@ -50,6 +52,12 @@ struct Fixture {
       p.allowed = mask.data();
       p.num_mask_rows = 1;
       p.words_per_row = static_cast<int32_t>(mask.size());
+    }
+    if (!bias_ids.empty()) {
+      row.bias_len = static_cast<int32_t>(bias_ids.size());
+      p.bias_ids = bias_ids.data();
+      p.bias_values = biases.data();
+      p.num_bias = row.bias_len;
     }
     std::vector<float> logprobs(1 + std::max(0, options.logprobs));
     std::vector<TokenId> top(std::max(1, options.logprobs));
@@ -204,6 +212,44 @@ TEST(SamplerTest, LogprobsComeFromTheRawLogits) {
 
 // CpuBackend::Sample: a row's token depends on that row alone, whatever the
 // other rows, their order and the thread that samples it.
+TEST(SamplerTest, LogitBiasMovesTheChoiceAndLogprobsStayRaw) {
+  Fixture f;
+  f.options.temperature = 0.0f;
+  f.options.logprobs = 1;
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, 1.5f};
+  f.bias_ids = {0, 1};
+  f.biases = {1.5f, -100.0f};
+  const SampledToken biased = f.Sample(logits);
+  EXPECT_EQ(biased.token, 0);  // 1 + 1.5 beats 1.5 and 2 - 100
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(biased.logprob, 1.0 - std::log(sum), 1e-6);  // the raw logit's
+  ASSERT_EQ(biased.top.size(), 1u);
+  EXPECT_EQ(biased.top[0].first, 1);  // the raw argmax, not the biased one
+  // -inf bans a token outright, also when sampling.
+  f.options.temperature = 1.0f;
+  f.options.logprobs = -1;
+  f.bias_ids = {1, 3};
+  f.biases = {-INFINITY, -INFINITY};
+  std::set<TokenId> seen;
+  for (int i = 0; i < 2000; ++i) seen.insert(f.Sample(logits, i).token);
+  EXPECT_EQ(seen, (std::set<TokenId>{0, 2}));
+}
+
+TEST(SamplerTest, LogitBiasComesBeforeThePenalties) {
+  // Token 0 (logit 2, in the prompt) against token 1 (0.25). With bias -1
+  // and repetition 2: biased first, (2 - 1) / 2 = 0.5 wins; penalized first,
+  // 2 / 2 - 1 = 0 would lose.
+  Fixture f;
+  f.options.temperature = 0.0f;
+  f.options.repetition_penalty = 2.0f;
+  f.prompt = {0};
+  f.bias_ids = {0};
+  f.biases = {-1.0f};
+  EXPECT_EQ(f.Sample({2.0f, 0.25f}).token, 0);
+  EXPECT_EQ(f.scratch.values[0], 0.5f);
+}
+
 TEST(SamplerTest, SameSeedSameTokenWhateverTheBatch) {
   constexpr int32_t kVocab = 1000;
   std::mt19937 rng(7);
@@ -274,6 +320,21 @@ TEST(SamplerTest, BadParametersAreInvalidArgument) {
   EXPECT_EQ(backend.Sample(p).code(), absl::StatusCode::kInvalidArgument);  // no logprob outputs
   row.options.logprobs = -1;
   EXPECT_TRUE(backend.Sample(p).ok());
+  const TokenId bias_ids[] = {5, 3, 64};
+  const float biases[] = {1.0f, 1.0f, 1.0f};
+  row.bias_len = 1;
+  EXPECT_EQ(backend.Sample(p).code(), absl::StatusCode::kInvalidArgument);  // no bias arrays
+  p.bias_ids = bias_ids;
+  p.bias_values = biases;
+  p.num_bias = 3;
+  EXPECT_TRUE(backend.Sample(p).ok());
+  row.bias_len = 2;
+  EXPECT_EQ(backend.Sample(p).code(), absl::StatusCode::kInvalidArgument);  // 5 then 3: out of order
+  row.bias_start = 2;
+  row.bias_len = 1;
+  EXPECT_EQ(backend.Sample(p).code(), absl::StatusCode::kInvalidArgument);  // 64: outside the vocabulary
+  row.bias_len = 2;
+  EXPECT_EQ(backend.Sample(p).code(), absl::StatusCode::kInvalidArgument);  // past the arrays
 }
 
 }  // namespace

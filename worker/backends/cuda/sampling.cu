@@ -160,11 +160,14 @@ struct RowInputs {
   const uint32_t* counts;   // null: no penalties
   const TokenId* prompt;
   const uint32_t* mask;     // null: no mask
+  const TokenId* bias_ids;  // bias_len entries, ascending
+  const float* biases;
+  int32_t bias_len;
   SamplingOptions o;
   int32_t vocab;
 
   __device__ float Value(int32_t t) const {
-    const float l = logits[t];
+    const float l = bias_len > 0 ? sr::BiasedLogit(logits[t], sr::RowBias(bias_ids, biases, bias_len, t)) : logits[t];
     const float v = counts != nullptr ? sr::PenalizedLogit(l, counts[t], o.repetition_penalty, o.frequency_penalty,
                                                            o.presence_penalty)
                                       : l;
@@ -333,6 +336,15 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
   in.counts = nullptr;
   in.prompt = nullptr;
   in.mask = nullptr;
+  in.bias_ids = nullptr;
+  in.biases = nullptr;
+  in.bias_len = 0;
+  if (row.bias_len > 0 && row.bias_start >= 0 && row.bias_start + row.bias_len <= p.num_bias && p.bias_ids != nullptr &&
+      p.bias_values != nullptr) {
+    in.bias_ids = p.bias_ids + row.bias_start;
+    in.biases = p.bias_values + row.bias_start;
+    in.bias_len = row.bias_len;
+  }
   const bool penalties = row.penalty_row >= 0 && row.penalty_row < p.num_penalty_rows && p.penalty_counts != nullptr &&
                          p.history != nullptr && row.prompt_len >= 0 && row.output_len >= 0 &&
                          row.history_start >= 0 &&

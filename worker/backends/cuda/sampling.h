@@ -38,8 +38,8 @@ inline constexpr int32_t kCudaMaxTopLogprobs = 1024;
 // Enqueues the sampling of `p` on `stream`. InvalidArgument for bad sizes
 // (vocab outside [1, 2^23], words_per_row too small, max_top above
 // kCudaMaxTopLogprobs, a missing array). Rows are read on the device: a row
-// whose history, counts or mask row lies outside the arrays samples without
-// that penalty or mask, and a row asking for more top logprobs than max_top
+// whose history, counts, mask row or biases lie outside the arrays samples
+// without that penalty, mask or bias, and a row asking for more top logprobs than max_top
 // gets max_top (the CPU backend returns InvalidArgument for both).
 absl::Status LaunchSampling(const SampleParams& p, CUstream_st* stream);
 

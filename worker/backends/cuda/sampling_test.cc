@@ -42,6 +42,8 @@ struct HostBatch {
   std::vector<SampleRow> rows;
   std::vector<TokenId> history;
   std::vector<uint32_t> masks;
+  std::vector<TokenId> bias_ids;  // each row's run ascending
+  std::vector<float> bias_values;
   int32_t words_per_row = 0;
   int32_t num_penalty_rows = 0;
   int32_t num_mask_rows = 0;
@@ -57,7 +59,7 @@ struct Outputs {
 };
 
 // `num_rows` rows of every kind: greedy, temperature with each cut, penalties
-// with histories, grammar masks, logprobs; logits with exact ties.
+// with histories, grammar masks, logit biases and bans, logprobs; logits with exact ties.
 HostBatch RandomBatch(int32_t num_rows, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
@@ -103,6 +105,14 @@ HostBatch RandomBatch(int32_t num_rows, int32_t vocab, uint32_t seed) {
         b.masks.push_back(word);
       }
     }
+    if (rng() % 4 == 0) {  // logit_bias, some of it bans (bad_words)
+      row.bias_start = static_cast<int64_t>(b.bias_ids.size());
+      for (int32_t t = static_cast<int32_t>(rng() % 8); t < vocab; t += 1 + static_cast<int32_t>(rng() % 64)) {
+        b.bias_ids.push_back(t);
+        b.bias_values.push_back(rng() % 5 == 0 ? -INFINITY : 10.0f * unit(rng) - 5.0f);
+      }
+      row.bias_len = static_cast<int32_t>(b.bias_ids.size() - row.bias_start);
+    }
     b.rows.push_back(row);
   }
   return b;
@@ -126,6 +136,9 @@ SampleParams HostParams(HostBatch& b, Outputs* out, std::vector<uint32_t>* count
   p.allowed = b.masks.empty() ? nullptr : b.masks.data();
   p.num_mask_rows = b.num_mask_rows;
   p.words_per_row = b.words_per_row;
+  p.bias_ids = b.bias_ids.data();
+  p.bias_values = b.bias_values.data();
+  p.num_bias = static_cast<int64_t>(b.bias_ids.size());
   p.tokens = out->tokens.data();
   p.logprobs = out->logprobs.data();
   p.top_ids = out->top_ids.data();
@@ -172,6 +185,8 @@ Outputs SampleOnDevice(Backend& backend, HostBatch& b) {
   auto rows = Put(backend, b.rows);
   auto history = Put(backend, b.history);
   auto masks = Put(backend, b.masks);
+  auto bias_ids = Put(backend, b.bias_ids);
+  auto bias_values = Put(backend, b.bias_values);
   auto scratch = Put(backend, counts);
   auto tokens = Put(backend, host.tokens);
   auto logprobs = Put(backend, host.logprobs);
@@ -182,6 +197,8 @@ Outputs SampleOnDevice(Backend& backend, HostBatch& b) {
   p.history = history->as<TokenId>();
   p.penalty_counts = scratch->as<uint32_t>();
   p.allowed = b.masks.empty() ? nullptr : masks->as<uint32_t>();
+  p.bias_ids = bias_ids->as<TokenId>();
+  p.bias_values = bias_values->as<float>();
   p.tokens = tokens->as<TokenId>();
   p.logprobs = logprobs->as<float>();
   p.top_ids = top_ids->as<TokenId>();

@@ -10,6 +10,14 @@
 //     logprob(t) = l[t] - logsumexp(l). The top n are the n largest raw logits
 //     in the order (value descending, token id ascending); slots beyond V are
 //     id -1, logprob 0.
+//  1b. Logit bias (OpenAI's logit_bias, and -inf for the tokens vLLM's
+//     bad_words ban at this step): v[t] = l[t] + bias[t] in float, for the
+//     row's listed tokens (RowBias); the rest keep l[t]. It comes before the
+//     penalties, the mask and the temperature, as in vLLM, so a bias is in
+//     logit units whatever the temperature, and a penalty sees the biased
+//     value. The logprobs of step 1 stay those of the raw logits (vLLM's
+//     default logprobs_mode, raw_logprobs): a client sees what the model
+//     thinks, not what the bias made of it.
 //  2. Penalties over the request's own history (never placeholders), in
 //     float: repetition (when != 1 and > 0) on tokens in prompt or output,
 //     once per distinct token: v > 0 ? v / r : v * r; then frequency and
@@ -196,6 +204,23 @@ TANDEM_HD float PenalizedLogit(float logit, uint32_t counts, float repetition, f
   }
   return v;
 }
+
+// Step 1b: the bias of `token` among a row's `n` biases (`ids` ascending,
+// unique), 0 when it has none. A binary search, so the GPU, which visits a
+// row's tokens several times without a copy, reads it in O(log n).
+TANDEM_HD float RowBias(const int32_t* ids, const float* biases, int32_t n, int32_t token) {
+  int32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (ids[mid] < token) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && ids[lo] == token ? biases[lo] : 0.0f;
+}
+TANDEM_HD float BiasedLogit(float logit, float bias) { return bias == 0.0f ? logit : AddRn(logit, bias); }
 
 // Step 3: the bit of `token` in a grammar bitmask row (null: all allowed).
 TANDEM_HD bool MaskAllows(const uint32_t* allowed, int32_t token) {

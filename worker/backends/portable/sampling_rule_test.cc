@@ -111,6 +111,21 @@ TEST(SamplingRuleTest, NoiseIsUniformAndGumbelIsStandard) {
   RecordProperty("gumbel_variance", std::to_string(var));
 }
 
+TEST(SamplingRuleTest, RowBiasFindsATokensBiasOrZero) {
+  const int32_t ids[] = {2, 5, 9, 40};
+  const float biases[] = {1.5f, -INFINITY, -3.0f, 100.0f};
+  for (int32_t t = 0; t < 50; ++t) {
+    float expected = 0.0f;
+    for (int i = 0; i < 4; ++i) expected = ids[i] == t ? biases[i] : expected;
+    EXPECT_EQ(RowBias(ids, biases, 4, t), expected) << t;
+  }
+  EXPECT_EQ(RowBias(ids, biases, 0, 2), 0.0f);
+  EXPECT_EQ(BiasedLogit(1.0f, 1.5f), 2.5f);
+  EXPECT_EQ(BiasedLogit(1.0f, -INFINITY), -INFINITY);
+  // +inf and a ban: NaN, which Candidate makes -inf.
+  EXPECT_EQ(Candidate(BiasedLogit(INFINITY, -INFINITY), true), -INFINITY);
+}
+
 TEST(SamplingRuleTest, OrderKeysFollowTheFloatOrder) {
   std::mt19937 rng(3);
   std::uniform_int_distribution<uint32_t> bits;
