@@ -65,8 +65,11 @@ void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) 
       OnReady(*rank, message.ready());
       break;
     case v1::WorkerMessage::kResult:
-      if (message.result().epoch() == epoch_ && state_ == State::kReady) results_.push_back(message.result().output());
-      break;
+      if (message.result().epoch() == epoch_ && state_ == State::kReady) results_.push_back(message.result());
+      // Readiness is unchanged: no Notify. The engine thread that waits for
+      // this result waits in CollectOutput, which the release of mu_ wakes;
+      // a Notify would take the engine's own lock once more per step.
+      return;
     case v1::WorkerMessage::kError:
       // Only a running group can fail; a rank that reports the loss of a
       // peer after the group already failed adds nothing.
@@ -77,7 +80,7 @@ void WorkerGroup::OnMessage(WorkerLink* link, const v1::WorkerMessage& message) 
       break;
     case v1::WorkerMessage::kStats:
       member.stats = message.stats();
-      break;
+      return;  // readiness is unchanged
     default:
       break;
   }
@@ -110,6 +113,7 @@ void WorkerGroup::MaybeConfigure() {
   failure_ = absl::OkStatus();
   results_.clear();
   held_execute_.reset();
+  diff_.Reset();
   state_ = State::kConfiguring;
   v1::SchedulerMessage message;
   v1::ConfigureGroup* configure = message.mutable_configure();
@@ -253,6 +257,8 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
                          : failure_;
   }
   FlushLocked();
+  // Under the lock: the diff must follow exactly what the ranks receive.
+  if (!diff_.Compact(message.mutable_execute(), message.mutable_execute_diff())) message.clear_execute_diff();
   for (size_t r = 0; r + 1 < members_.size(); ++r) members_[r]->link->Send(message);
   held_execute_ = std::move(message);
   return absl::OkStatus();
@@ -271,6 +277,7 @@ absl::Status WorkerGroup::Sample(StepSeq step_seq, const GrammarOutput* grammar)
   if (held_execute_ && held_execute_->execute().step_seq() == step_seq) {
     v1::ExecuteAndSample* both = message.mutable_execute_and_sample();
     *both->mutable_execute() = std::move(*held_execute_->mutable_execute());
+    if (held_execute_->has_execute_diff()) message.mutable_execute_diff()->Swap(held_execute_->mutable_execute_diff());
     held_execute_.reset();
     EncodeSampleCommand(step_seq, grammar, both->mutable_sample());
   } else {
@@ -293,9 +300,18 @@ absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
                                                         absl::FormatDuration(options_.step_timeout))));
     return failure_;
   }
-  v1::ModelRunnerOutput result = std::move(results_.front());
+  v1::StepResult result = std::move(results_.front());
   results_.pop_front();
-  return DecodeRunnerOutput(result);
+  if (result.rows_implied()) {
+    const std::vector<int64_t>* rows = diff_.Rows(result.output().step_seq());
+    if (rows == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker rank ", members_.size() - 1, " answered step ", result.output().step_seq(),
+                       ", which is not in flight"));
+    }
+    if (absl::Status s = wire::ExpandResult(*rows, &result); !s.ok()) return s;
+  }
+  return DecodeRunnerOutput(result.output());
 }
 
 }  // namespace tandem::scheduler

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/core/executor.h"
+#include "proto/diff/step_diff.h"
 #include "scheduler/wire/worker_link.h"
 
 namespace tandem::scheduler {
@@ -116,7 +117,12 @@ class WorkerGroup : public ExecutorGroup {
   State state_ ABSL_GUARDED_BY(mu_) = State::kForming;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t pool_blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<v1::ModelRunnerOutput> results_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::StepResult> results_ ABSL_GUARDED_BY(mu_);
+  // The steps sent this epoch, for the compact form: executes go out as
+  // diffs against them and results come back without their rows
+  // (proto/diff/step_diff.h). Every rank receives every execute, so one
+  // state stands for all of them.
+  wire::StepDiffState diff_ ABSL_GUARDED_BY(mu_);
   // The last rank's execute command of the newest step, held until Sample
   // (sent together as one ExecuteAndSample: a message, a write and a wake
   // fewer per step) or until any other call on the group, whichever first.

@@ -14,8 +14,9 @@
 // every request runs, then measures --steps steps: steps/s (wall), the CPU
 // time per step of this process (the scheduler) and of each worker
 // (/proc/PID/stat), and, after the timed window, the bytes on the wire per
-// scheduled request per step, from the serialized messages (the execute
-// command to every rank, the sample command to the last, the result back).
+// scheduled request per step, from the serialized messages in their compact
+// form (the execute command to every rank, the sample command to the last,
+// the result back).
 //
 //   build/bin/control_plane_bench --running 64,256,1024 --stages 1,2
 #include <signal.h>
@@ -40,10 +41,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/default_model.h"
 #include "common/flags.h"
 #include "common/gguf/llama_config.h"
 #include "common/gguf/model_file.h"
+#include "proto/diff/step_diff.h"
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 #include "scheduler/server/serving_engine.h"
 #include "scheduler/wire/step_codec.h"
@@ -59,7 +62,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Counts updated steps; while `measure_bytes`, adds up the serialized size
-// of each step's messages. Engine thread; the counters are read elsewhere.
+// of each step's messages in the form the stream carries them (the execute
+// as a diff against the steps before, the result without its rows:
+// proto/diff/step_diff.h), from a StepDiffState of its own fed the same
+// steps in the same order, so it compacts exactly as the WorkerGroup does.
+// The first steps after measuring starts are not counted: the state has no
+// base yet. Engine thread; the counters are read elsewhere.
 class WireMeter : public scheduler::StepObserver {
  public:
   explicit WireMeter(int32_t stages) : stages_(stages) {}
@@ -69,11 +77,14 @@ class WireMeter : public scheduler::StepObserver {
     if (!measure_bytes.load(std::memory_order_relaxed) || step.scheduled.empty()) return;
     v1::SchedulerMessage execute;
     scheduler::EncodeSchedulerOutput(step, execute.mutable_execute());
+    if (!diff_.Compact(execute.mutable_execute(), execute.mutable_execute_diff())) execute.clear_execute_diff();
+    if (++seen_ <= wire::StepDiffState::kMaxBase) return;
     v1::SchedulerMessage sample;
     scheduler::EncodeSampleCommand(step.step_seq, nullptr, sample.mutable_sample());
     v1::WorkerMessage back;
     back.mutable_result()->set_epoch(1);
     scheduler::EncodeRunnerOutput(result, back.mutable_result()->mutable_output());
+    wire::CompactResult(back.mutable_result());
     down_bytes_ += static_cast<int64_t>(execute.ByteSizeLong()) * stages_ + static_cast<int64_t>(sample.ByteSizeLong());
     up_bytes_ += static_cast<int64_t>(back.ByteSizeLong());
     rows_ += static_cast<int64_t>(step.scheduled.size());
@@ -89,6 +100,8 @@ class WireMeter : public scheduler::StepObserver {
 
  private:
   const int32_t stages_;
+  wire::StepDiffState diff_;
+  int64_t seen_ = 0;
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> measured_{0};
   int64_t down_bytes_ = 0, up_bytes_ = 0, rows_ = 0;
@@ -278,6 +291,8 @@ std::vector<int64_t> ParseList(const std::string& text) {
 }
 
 int Main(int argc, char** argv) {
+  // As tandem-scheduler does (scheduler/server/main.cc).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   BenchOptions o;
   o.model = DefaultModelPath();
   o.worker = ProgramDirectory() + "/tandem-worker";

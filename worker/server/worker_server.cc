@@ -157,6 +157,7 @@ absl::Status WorkerServer::Configure(const v1::ConfigureGroup& configure, Schedu
   tcp_.reset();
   broken_ = false;
   epoch_ = configure.epoch();
+  diff_.Reset();
   if (configure.block_size() != options_.block_size || configure.num_kv_blocks() > max_kv_blocks_ ||
       configure.num_kv_blocks() < 2) {
     return absl::InvalidArgumentError(absl::StrCat("cannot hold ", configure.num_kv_blocks(), " blocks of ",
@@ -254,6 +255,7 @@ void WorkerServer::SendOrPost(SchedulerLink* link, uint64_t step_seq, v1::ModelR
       v1::WorkerMessage result;
       result.mutable_result()->set_epoch(epoch_);
       *result.mutable_result()->mutable_output() = std::move(output);
+      wire::CompactResult(result.mutable_result());
       link->Send(result);
       return;
     }
@@ -330,7 +332,23 @@ void WorkerServer::SampleStep(const v1::SampleCommand& command, SchedulerLink* l
   Post({epoch_, seq, *std::move(output), absl::OkStatus(), std::nullopt});
 }
 
-void WorkerServer::Process(const v1::SchedulerMessage& message, SchedulerLink* link) {
+absl::Status WorkerServer::ExpandExecute(v1::SchedulerMessage& message) {
+  v1::SchedulerOutput* step = message.has_execute_and_sample() ? message.mutable_execute_and_sample()->mutable_execute()
+                                                              : message.mutable_execute();
+  // Every execute of the epoch goes through the state, steps this worker
+  // ignores too: the diffs that follow refer to them.
+  return message.has_execute_diff() ? diff_.Expand(message.execute_diff(), step) : diff_.Record(*step);
+}
+
+void WorkerServer::Process(v1::SchedulerMessage& message, SchedulerLink* link) {
+  if (message.has_execute() || message.has_execute_and_sample()) {
+    if (absl::Status s = ExpandExecute(message); !s.ok()) {
+      const uint64_t seq = message.has_execute() ? message.execute().step_seq()
+                                                 : message.execute_and_sample().execute().step_seq();
+      if (StepsAllowed()) ReportError(seq, s);
+      return;
+    }
+  }
   switch (message.kind_case()) {
     case v1::SchedulerMessage::kConfigure:
       if (absl::Status s = Configure(message.configure(), link); !s.ok()) ReportError(0, s);
@@ -403,6 +421,7 @@ void WorkerServer::Send(SchedulerLink* link, Outgoing item) {
   v1::WorkerMessage result;
   result.mutable_result()->set_epoch(item.epoch);
   *result.mutable_result()->mutable_output() = *std::move(output);
+  wire::CompactResult(result.mutable_result());
   link->Send(result);
 }
 

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
+#include "proto/diff/step_diff.h"
 #include "tandem/v1/worker_service.pb.h"
 #include "worker/backends/backend.h"
 #include "worker/comm/tcp_communicator.h"
@@ -134,7 +135,9 @@ class WorkerServer {
   absl::Status OpenModelStage();
   absl::Status ConnectFake(const v1::ConnectGroup& connect);
   int64_t KvBytesPerBlock(const WorkerOptions& options) const;
-  void Process(const v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  // Rebuilds a compact execute's rows in place (proto/diff/step_diff.h).
+  void Process(v1::SchedulerMessage& message, SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  absl::Status ExpandExecute(v1::SchedulerMessage& message);
   // Whether this epoch still runs steps (not broken here or on the output thread).
   bool StepsAllowed() ABSL_LOCKS_EXCLUDED(out_mu_);
   void ExecuteStep(const v1::SchedulerOutput& step) ABSL_LOCKS_EXCLUDED(out_mu_);
@@ -168,6 +171,7 @@ class WorkerServer {
   std::unique_ptr<PipelineTransport> transport_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<FakeStageRunner> fake_;  // instead of runner_ with --fake-model
+  wire::StepDiffState diff_;  // the executes of this epoch
   double busy_seconds_ = 0;
   double idle_seconds_ = 0;
   int64_t steps_ = 0;

@@ -42,7 +42,8 @@ class SchedulerServer {
 
   int port() const { return port_; }
   // Brings the health service up to date with the group; cheap when nothing
-  // changed (the group's on_change calls it on every step).
+  // changed (the group's on_change calls it on every membership or
+  // readiness change, not on step results).
   void PublishHealth() ABSL_LOCKS_EXCLUDED(health_mu_);
   // From now on "" and "ready" are NOT_SERVING.
   void StartDraining() ABSL_LOCKS_EXCLUDED(health_mu_);

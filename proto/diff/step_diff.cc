@@ -1,0 +1,293 @@
+#include "proto/diff/step_diff.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::wire {
+namespace {
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed step diff: ", what));
+}
+
+// Every list entry a diff spends on a row: a removal costs one, a join two
+// (its id is wider).
+constexpr int64_t kJoinCost = 2;
+
+}  // namespace
+
+StepDiffState::StepDiffState() : ring_(kHistory) {}
+
+void StepDiffState::Reset() {
+  head_ = 0;
+  count_ = 0;
+}
+
+const StepDiffState::Step* StepDiffState::Base(int base) const {
+  if (base < 1 || base > count_) return nullptr;
+  return &ring_[(head_ - (base - 1) + kHistory) % kHistory];
+}
+
+const std::vector<int64_t>* StepDiffState::Rows(uint64_t step_seq) const {
+  for (int b = 1; b <= count_; ++b) {
+    const Step* s = Base(b);
+    if (s->step_seq == step_seq) return &s->ids;
+  }
+  return nullptr;
+}
+
+void StepDiffState::CollectNewIds(const v1::SchedulerOutput& step) {
+  new_ids_.clear();
+  for (const v1::NewRequest& r : step.new_requests()) new_ids_.push_back(r.request_id());
+  std::sort(new_ids_.begin(), new_ids_.end());
+}
+
+bool StepDiffState::IsNew(int64_t id) const {
+  return !new_ids_.empty() && std::binary_search(new_ids_.begin(), new_ids_.end(), id);
+}
+
+void StepDiffState::RowComputed(const v1::SchedulerOutput& step) {
+  const v1::CachedRequests& c = step.cached_requests();
+  const int num_cached = std::min(c.request_ids_size(), c.num_computed_tokens_size());
+  const int n = static_cast<int>(ids_.size());
+  computed_.assign(n, -1);
+  int j = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t id = ids_[r];
+    if (j < num_cached && c.request_ids(j) == id) {
+      computed_[r] = c.num_computed_tokens(j++);
+    } else if (IsNew(id)) {
+      for (const v1::NewRequest& q : step.new_requests()) {
+        if (q.request_id() == id) computed_[r] = q.num_computed_tokens();
+      }
+    }
+  }
+}
+
+void StepDiffState::Remember(uint64_t step_seq, absl::Span<const int64_t> ids, absl::Span<const int32_t> tokens) {
+  head_ = (head_ + 1) % kHistory;
+  count_ = std::min(count_ + 1, kHistory);
+  Step& s = ring_[head_];
+  s.step_seq = step_seq;
+  s.ids.assign(ids.begin(), ids.end());
+  s.next_computed.resize(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) s.next_computed[r] = computed_[r] < 0 ? -1 : computed_[r] + tokens[r];
+}
+
+StepDiffState::Match StepDiffState::TryBase(int base, absl::Span<const int64_t> ids, int64_t limit) {
+  const Step* b = Base(base);
+  const size_t n = ids.size();
+  size_t k = 0;
+  int64_t removed = 0;
+  for (int64_t id : b->ids) {
+    if (k < n && id == ids[k]) {
+      ++k;
+    } else if (++removed >= limit) {
+      return {base, std::numeric_limits<int64_t>::max()};
+    }
+  }
+  return {base, removed + kJoinCost * static_cast<int64_t>(n - k)};
+}
+
+bool StepDiffState::Compact(v1::SchedulerOutput* step, v1::BatchDiff* diff) {
+  diff->Clear();
+  const v1::CachedRequests& c = step->cached_requests();
+  const int n = step->scheduled_request_ids_size();
+  const int m = c.request_ids_size();
+  CollectNewIds(*step);
+  // The prediction needs the scheduler's shape: cached entries are the
+  // scheduled rows that are not new, in the same order.
+  bool fits = step->num_scheduled_tokens_size() == n && c.resumed_size() == m && c.num_computed_tokens_size() == m &&
+              c.num_new_block_ids_size() == m;
+  for (int r = 0, j = 0; fits && r <= n; ++r) {
+    if (r == n) {
+      fits = j == m;
+    } else if (!IsNew(step->scheduled_request_ids(r))) {
+      fits = j < m && c.request_ids(j++) == step->scheduled_request_ids(r);
+    }
+  }
+  if (!fits) {
+    (void)Record(*step);
+    return false;
+  }
+  ids_.assign(step->scheduled_request_ids().begin(), step->scheduled_request_ids().end());
+  tokens_.assign(step->num_scheduled_tokens().begin(), step->num_scheduled_tokens().end());
+  RowComputed(*step);
+
+  Match best{0, kJoinCost * n};
+  for (int b = 1; b <= std::min(kMaxBase, count_) && best.cost > 0; ++b) {
+    const Match match = TryBase(b, ids_, best.cost);
+    if (match.cost < best.cost) best = match;
+  }
+  diff->set_base(best.base);
+  predicted_.assign(n, -1);
+  int k = 0;
+  if (const Step* b = Base(best.base); b != nullptr) {
+    for (size_t i = 0; i < b->ids.size(); ++i) {
+      if (k < n && b->ids[i] == ids_[k]) {
+        predicted_[k++] = b->next_computed[i];
+      } else {
+        diff->add_removed(static_cast<uint32_t>(i));
+      }
+    }
+  }
+  for (int r = k; r < n; ++r) diff->add_appended(ids_[r]);
+  for (int r = 0; r < n; ++r) {
+    if (tokens_[r] == 1) continue;
+    diff->add_token_rows(r);
+    diff->add_token_counts(tokens_[r]);
+  }
+  for (int r = 0, j = 0; r < n; ++r) {
+    if (IsNew(ids_[r])) continue;
+    if (c.num_computed_tokens(j) != predicted_[r]) {
+      diff->add_computed_entries(j);
+      diff->add_computed_values(c.num_computed_tokens(j));
+    }
+    if (c.resumed(j)) diff->add_resumed_entries(j);
+    if (c.num_new_block_ids(j) != 0) {
+      diff->add_block_entries(j);
+      diff->add_block_counts(c.num_new_block_ids(j));
+    }
+    ++j;
+  }
+  Remember(step->step_seq(), ids_, tokens_);
+  step->clear_scheduled_request_ids();
+  step->clear_num_scheduled_tokens();
+  v1::CachedRequests* mc = step->mutable_cached_requests();
+  mc->clear_request_ids();
+  mc->clear_resumed();
+  mc->clear_num_computed_tokens();
+  mc->clear_num_new_block_ids();
+  return true;
+}
+
+absl::Status StepDiffState::Record(const v1::SchedulerOutput& step) {
+  if (step.num_scheduled_tokens_size() != step.scheduled_request_ids_size()) {
+    return Malformed("scheduled_request_ids and num_scheduled_tokens differ in length");
+  }
+  ids_.assign(step.scheduled_request_ids().begin(), step.scheduled_request_ids().end());
+  tokens_.assign(step.num_scheduled_tokens().begin(), step.num_scheduled_tokens().end());
+  CollectNewIds(step);
+  RowComputed(step);
+  Remember(step.step_seq(), ids_, tokens_);
+  return absl::OkStatus();
+}
+
+absl::Status StepDiffState::Expand(const v1::BatchDiff& diff, v1::SchedulerOutput* step) {
+  if (step->scheduled_request_ids_size() != 0 || step->num_scheduled_tokens_size() != 0 ||
+      step->cached_requests().request_ids_size() != 0) {
+    return Malformed("a step with a diff also lists its rows");
+  }
+  const Step* b = nullptr;
+  if (diff.base() != 0) {
+    b = diff.base() <= static_cast<uint32_t>(kMaxBase) ? Base(static_cast<int>(diff.base())) : nullptr;
+    if (b == nullptr) return Malformed(absl::StrCat("base ", diff.base(), " is not a step this end holds"));
+  }
+  ids_.clear();
+  predicted_.clear();
+  const int base_size = b ? static_cast<int>(b->ids.size()) : 0;
+  int next_removed = 0;
+  for (int i = 0; i < base_size; ++i) {
+    if (next_removed < diff.removed_size() && diff.removed(next_removed) == static_cast<uint32_t>(i)) {
+      ++next_removed;
+      continue;
+    }
+    ids_.push_back(b->ids[i]);
+    predicted_.push_back(b->next_computed[i]);
+  }
+  // Positions left over were out of range or not ascending.
+  if (next_removed != diff.removed_size()) return Malformed("removed positions are not ascending positions of the base");
+  for (int64_t id : diff.appended()) {
+    ids_.push_back(id);
+    predicted_.push_back(-1);
+  }
+  const int n = static_cast<int>(ids_.size());
+  tokens_.assign(n, 1);
+  if (diff.token_rows_size() != diff.token_counts_size()) return Malformed("token_rows and token_counts differ in length");
+  for (int i = 0; i < diff.token_rows_size(); ++i) {
+    if (diff.token_rows(i) >= static_cast<uint32_t>(n) || diff.token_counts(i) <= 0) {
+      return Malformed("a token count outside the rows, or not positive");
+    }
+    tokens_[diff.token_rows(i)] = diff.token_counts(i);
+  }
+  CollectNewIds(*step);
+  v1::CachedRequests* c = step->mutable_cached_requests();
+  computed_.clear();  // the cached entries' counts, predicted
+  for (int r = 0; r < n; ++r) {
+    if (IsNew(ids_[r])) continue;
+    c->add_request_ids(ids_[r]);
+    computed_.push_back(predicted_[r]);
+  }
+  const int m = c->request_ids_size();
+  if (diff.computed_entries_size() != diff.computed_values_size() ||
+      diff.block_entries_size() != diff.block_counts_size()) {
+    return Malformed("entry and value lists differ in length");
+  }
+  for (int i = 0; i < diff.computed_entries_size(); ++i) {
+    if (diff.computed_entries(i) >= static_cast<uint32_t>(m)) return Malformed("a computed count outside the entries");
+    computed_[diff.computed_entries(i)] = diff.computed_values(i);
+  }
+  for (int32_t computed : computed_) {
+    if (computed < 0) return Malformed("a cached entry's computed count is neither predictable nor sent");
+  }
+  c->mutable_num_computed_tokens()->Add(computed_.begin(), computed_.end());
+  c->mutable_resumed()->Resize(m, false);
+  for (uint32_t j : diff.resumed_entries()) {
+    if (j >= static_cast<uint32_t>(m)) return Malformed("a resumed entry outside the entries");
+    c->set_resumed(static_cast<int>(j), true);
+  }
+  c->mutable_num_new_block_ids()->Resize(m, 0);
+  for (int i = 0; i < diff.block_entries_size(); ++i) {
+    if (diff.block_entries(i) >= static_cast<uint32_t>(m) || diff.block_counts(i) < 0) {
+      return Malformed("a block count outside the entries, or negative");
+    }
+    c->set_num_new_block_ids(static_cast<int>(diff.block_entries(i)), diff.block_counts(i));
+  }
+  step->mutable_scheduled_request_ids()->Add(ids_.begin(), ids_.end());
+  step->mutable_num_scheduled_tokens()->Add(tokens_.begin(), tokens_.end());
+  RowComputed(*step);
+  Remember(step->step_seq(), ids_, tokens_);
+  return absl::OkStatus();
+}
+
+void CompactResult(v1::StepResult* result) {
+  v1::ModelRunnerOutput* out = result->mutable_output();
+  const int n = out->request_ids_size();
+  if (out->num_sampled_size() != n) return;  // not ours to judge: the receiver refuses it as it is
+  result->set_rows_implied(true);
+  out->clear_request_ids();
+  for (int32_t count : out->num_sampled()) {
+    if (count != 0 && count != 1) return;
+  }
+  std::string* bits = result->mutable_sampled_rows();
+  bits->assign((n + 7) / 8, '\0');
+  for (int r = 0; r < n; ++r) {
+    if (out->num_sampled(r) == 1) (*bits)[r / 8] = static_cast<char>((*bits)[r / 8] | (1 << (r % 8)));
+  }
+  out->clear_num_sampled();
+}
+
+absl::Status ExpandResult(absl::Span<const int64_t> rows, v1::StepResult* result) {
+  if (!result->rows_implied()) return absl::OkStatus();
+  v1::ModelRunnerOutput* out = result->mutable_output();
+  if (out->request_ids_size() != 0) return Malformed("a result with implied rows also lists them");
+  const int n = static_cast<int>(rows.size());
+  out->mutable_request_ids()->Add(rows.begin(), rows.end());
+  if (out->num_sampled_size() == 0) {
+    const std::string& bits = result->sampled_rows();
+    if (bits.size() > static_cast<size_t>((n + 7) / 8)) return Malformed("more sampled-row bits than rows");
+    out->mutable_num_sampled()->Reserve(n);
+    for (int r = 0; r < n; ++r) {
+      const bool one = static_cast<size_t>(r / 8) < bits.size() && (bits[r / 8] >> (r % 8) & 1);
+      out->add_num_sampled(one ? 1 : 0);
+    }
+  }
+  result->set_rows_implied(false);
+  result->clear_sampled_rows();
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::wire
