@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/default_model.h"
 #include "common/flags.h"
 #include "common/rpc/grpc_options.h"
@@ -32,6 +33,10 @@
 #include "worker/server/worker_server.h"
 
 int main(int argc, char** argv) {
+  // absl's lock-order graph (on in the distribution's build) costs a hash
+  // lookup per lock on the step path; the thread-safety analysis and the
+  // tests' own binaries keep checking the locks.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   using tandem::worker::WorkerOptions;
   WorkerOptions o;
   o.model_path = tandem::DefaultModelPath();
