@@ -75,6 +75,19 @@ struct MatmulParams {
   bool accumulate = false;     // y += x W^T instead of y = x W^T
 };
 
+// Matmuls of one x by several weights of the same width (a layer's Q, K and
+// V projections; gate and up): y[i] = x w[i]^T for i < count, each exactly
+// as Matmul computes it, so that a backend may run them as one launch and
+// prepare x once.
+struct MatmulGroupParams {
+  static constexpr int32_t kMaxWeights = 3;
+  const float* x;              // [m, cols], cols the same for every weight
+  int64_t m;
+  int32_t count;               // 1..kMaxWeights
+  const Weight* w[kMaxWeights];
+  float* y[kMaxWeights];       // [m, w[i]->rows]
+};
+
 struct RmsNormParams {
   const float* x;              // [rows, dim]
   const float* weight;         // [dim]
@@ -247,6 +260,17 @@ class Backend {
   // --- kernels (stream-ordered) ---
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  // The default runs Matmul once per weight.
+  virtual absl::Status MatmulGroup(const MatmulGroupParams& p) {
+    if (p.count < 1 || p.count > MatmulGroupParams::kMaxWeights) {
+      return absl::InvalidArgumentError("matmul group: 1 to 3 weights");
+    }
+    for (int32_t i = 0; i < p.count; ++i) {
+      absl::Status s = Matmul({p.x, p.w[i], p.m, p.y[i]});
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;
   virtual absl::Status WriteKv(const WriteKvParams& p) = 0;

@@ -123,9 +123,8 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   float* x = x_->as<float>();
   float* h = h_->as<float>();
   TANDEM_RETURN_IF_ERROR(backend_->RmsNorm({x, layer.attn_norm->as<float>(), h, n, c.hidden_size, c.rms_norm_eps}));
-  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wq, n, q_->as<float>()}));
-  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wk, n, k_->as<float>()}));
-  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.wv, n, v_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(backend_->MatmulGroup(
+      {h, n, 3, {&layer.wq, &layer.wk, &layer.wv}, {q_->as<float>(), k_->as<float>(), v_->as<float>()}}));
   const float freq_scale = c.rope_scaling == gguf::RopeScaling::kLinear ? 1.0f / c.rope_scaling_factor : 1.0f;
   TANDEM_RETURN_IF_ERROR(backend_->Rope({q_->as<float>(), k_->as<float>(), in.positions, n, c.num_heads,
                                          c.num_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base, freq_scale}));
@@ -152,8 +151,8 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   TANDEM_RETURN_IF_ERROR(backend_->Matmul({attn_->as<float>(), &layer.wo, n, x, /*accumulate=*/true}));
 
   TANDEM_RETURN_IF_ERROR(backend_->RmsNorm({x, layer.ffn_norm->as<float>(), h, n, c.hidden_size, c.rms_norm_eps}));
-  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.gate, n, gate_->as<float>()}));
-  TANDEM_RETURN_IF_ERROR(backend_->Matmul({h, &layer.up, n, up_->as<float>()}));
+  TANDEM_RETURN_IF_ERROR(
+      backend_->MatmulGroup({h, n, 2, {&layer.gate, &layer.up}, {gate_->as<float>(), up_->as<float>()}}));
   TANDEM_RETURN_IF_ERROR(
       backend_->SiluMul({gate_->as<float>(), up_->as<float>(), gate_->as<float>(), n, c.intermediate_size}));
   return backend_->Matmul({gate_->as<float>(), &layer.down, n, x, /*accumulate=*/true});

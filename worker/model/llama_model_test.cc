@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -111,6 +112,8 @@ class Q8ActivationModel : public CpuBackend {
     rounded.x = rounded_.data();
     return CpuBackend::Matmul(rounded);
   }
+  // Each weight through the Matmul above (CpuBackend's would quantize x itself).
+  absl::Status MatmulGroup(const MatmulGroupParams& p) override { return Backend::MatmulGroup(p); }
 
  private:
   std::vector<float> rounded_;
@@ -254,6 +257,60 @@ TEST_P(LlamaModelTest, QuantizedActivationPathWithinTheRoundingOfActivations) {
 
 INSTANTIATE_TEST_SUITE_P(Types, LlamaModelTest,
                          ::testing::Values(gguf::GgmlType::kF32, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_1));
+
+// A weight of `rows` x `cols` random values stored as `type` (F32 or a
+// quantized block format), as CpuBackend::LoadWeight leaves it.
+Weight RandomWeight(CpuBackend& backend, std::mt19937& rng, gguf::GgmlType type, int64_t rows, int64_t cols) {
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> values(rows * cols);
+  for (float& v : values) v = normal(rng);
+  Weight w;
+  w.rows = rows;
+  w.cols = cols;
+  w.format = static_cast<int32_t>(type);
+  const int64_t row_bytes = gguf::RowBytes(type, cols);
+  w.buffer = std::move(backend.Allocate(rows * row_bytes)).value();
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(gguf::QuantizeRow(type, values.data() + r * cols, w.buffer->as<uint8_t>() + r * row_bytes, cols).ok());
+  }
+  return w;
+}
+
+TEST(MatmulGroupTest, EachOutputEqualsItsOwnMatmul) {
+  // The model multiplies Q, K and V (and gate and up) as one group: each
+  // output must keep Matmul's bits, or a forward pass would change.
+  std::mt19937 rng(7);
+  CpuBackend backend(2);
+  const int64_t cols = 128;
+  using gguf::GgmlType;
+  for (const auto& types : std::vector<std::vector<GgmlType>>{{GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0},
+                                                              {GgmlType::kQ4_1, GgmlType::kQ4_1},
+                                                              {GgmlType::kQ8_0, GgmlType::kF32}}) {
+    std::vector<Weight> weights;
+    for (size_t i = 0; i < types.size(); ++i) weights.push_back(RandomWeight(backend, rng, types[i], 40 + 24 * i, cols));
+    for (int64_t m : {1, 7, 64}) {
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(m * cols);
+      for (float& v : x) v = normal(rng);
+      MatmulGroupParams group{x.data(), m, static_cast<int32_t>(types.size()), {}, {}};
+      std::vector<std::vector<float>> got(types.size()), want(types.size());
+      for (size_t i = 0; i < types.size(); ++i) {
+        got[i].assign(m * weights[i].rows, -1.0f);
+        want[i].assign(m * weights[i].rows, -2.0f);
+        group.w[i] = &weights[i];
+        group.y[i] = got[i].data();
+        ASSERT_TRUE(backend.Matmul({x.data(), &weights[i], m, want[i].data()}).ok());
+      }
+      ASSERT_TRUE(backend.MatmulGroup(group).ok());
+      for (size_t i = 0; i < types.size(); ++i) {
+        EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+            << "weight " << i << " of " << types.size() << ", m=" << m;
+      }
+    }
+  }
+  MatmulGroupParams empty{nullptr, 1, 0, {}, {}};
+  EXPECT_EQ(backend.MatmulGroup(empty).code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST(LlamaModelStagesTest, StagesSplitTheLayers) {
   gguf::RandomLlamaOptions options;

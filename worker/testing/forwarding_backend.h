@@ -34,6 +34,7 @@ class ForwardingBackend : public Backend {
   }
   absl::Status Embedding(const EmbeddingParams& p) override { return inner_->Embedding(p); }
   absl::Status Matmul(const MatmulParams& p) override { return inner_->Matmul(p); }
+  absl::Status MatmulGroup(const MatmulGroupParams& p) override { return inner_->MatmulGroup(p); }
   absl::Status RmsNorm(const RmsNormParams& p) override { return inner_->RmsNorm(p); }
   absl::Status Rope(const RopeParams& p) override { return inner_->Rope(p); }
   absl::Status WriteKv(const WriteKvParams& p) override { return inner_->WriteKv(p); }

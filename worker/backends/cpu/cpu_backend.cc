@@ -139,6 +139,23 @@ absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::MatmulGroup(const MatmulGroupParams& p) {
+  if (p.count < 1 || p.count > MatmulGroupParams::kMaxWeights) return Invalid("matmul group", "1 to 3 weights");
+  const int64_t cols = p.w[0]->cols;
+  bool fused = p.m < options_.float_gemm_min_rows;
+  for (int32_t i = 0; i < p.count; ++i) fused = fused && cpu::IsQuantizedFormat(p.w[i]->format) && p.w[i]->cols == cols;
+  if (!fused) return Backend::MatmulGroup(p);
+  // x quantized once, and one loop over every weight's rows.
+  cpu::QuantizeRows(pool_, p.x, p.m, cols, &quantized_x_);
+  cpu::QuantGemmOutput outputs[MatmulGroupParams::kMaxWeights];
+  for (int32_t i = 0; i < p.count; ++i) {
+    const Weight& w = *p.w[i];
+    outputs[i] = {static_cast<const uint8_t*>(w.buffer->data()), w.format, w.rows, p.y[i], /*accumulate=*/false};
+  }
+  cpu::QuantGemmGroup(pool_, quantized_x_, outputs, p.count);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) {
   pool_.ParallelFor(p.rows, 8, [&](int64_t begin, int64_t end, int32_t) {
     for (int64_t r = begin; r < end; ++r) {

@@ -49,6 +49,7 @@ class CpuBackend : public Backend {
 
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status Matmul(const MatmulParams& p) override;
+  absl::Status MatmulGroup(const MatmulGroupParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status WriteKv(const WriteKvParams& p) override;

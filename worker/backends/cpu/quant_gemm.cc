@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/container/inlined_vector.h"
 #include "common/check.h"
 #include "common/gguf/ggml_types.h"
 #include "worker/backends/cpu/cpu_gemm.h"
@@ -492,19 +493,34 @@ float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row,
 
 void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t type, int64_t n, float* y,
                bool accumulate) {
-  const int64_t row_bytes = QuantizedRowBytes(type, x.k);
+  const QuantGemmOutput output{w, type, n, y, accumulate};
+  QuantGemmGroup(pool, x, &output, 1);
+}
+
+void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOutput* outputs, int32_t count) {
+  int64_t total_rows = 0;
+  for (int32_t o = 0; o < count; ++o) total_rows += outputs[o].n;
+  const int64_t per_task = RowsPerTask(x.m, total_rows, pool.num_threads());
+  // Tasks [first_task[o], first_task[o + 1]) cover output o's rows.
+  absl::InlinedVector<int64_t, 4> first_task(count + 1, 0);
+  for (int32_t o = 0; o < count; ++o) first_task[o + 1] = first_task[o] + (outputs[o].n + per_task - 1) / per_task;
   const Dispatch& t = Table();
-  const RowsFn rows_fn = type == portable::kGgmlQ4_0 ? t.q4_0 : type == portable::kGgmlQ4_1 ? t.q4_1 : t.q8_0;
-  const int64_t per_task = RowsPerTask(x.m, n, pool.num_threads());
-  const int64_t tasks = (n + per_task - 1) / per_task;
-  pool.ParallelFor(tasks, 1, [&](int64_t begin, int64_t end, int32_t) {
+  pool.ParallelFor(first_task[count], 1, [&](int64_t begin, int64_t end, int32_t) {
+    int32_t o = 0;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t j = task * per_task;
-      const int64_t rows = std::min(per_task, n - j);
+      while (task >= first_task[o + 1]) ++o;
+      const QuantGemmOutput& out = outputs[o];
+      const int64_t row_bytes = QuantizedRowBytes(out.ggml_type, x.k);
+      const RowsFn rows_fn = out.ggml_type == portable::kGgmlQ4_0   ? t.q4_0
+                             : out.ggml_type == portable::kGgmlQ4_1 ? t.q4_1
+                                                                    : t.q8_0;
+      const int64_t j = (task - first_task[o]) * per_task;
+      const int64_t rows = std::min(per_task, out.n - j);
       if (rows_fn != nullptr) {
-        rows_fn(x, 0, x.m, w + j * row_bytes, rows, row_bytes, y + j, n, accumulate);
+        rows_fn(x, 0, x.m, out.w + j * row_bytes, rows, row_bytes, out.y + j, out.n, out.accumulate);
       } else {
-        RowsReference(x, 0, x.m, w + j * row_bytes, type, rows, row_bytes, y + j, n, accumulate);
+        RowsReference(x, 0, x.m, out.w + j * row_bytes, out.ggml_type, rows, row_bytes, out.y + j, out.n,
+                      out.accumulate);
       }
     }
   });

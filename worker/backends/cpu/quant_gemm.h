@@ -55,6 +55,18 @@ void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float*
 // y = x w^T (+ y) on quantized x. w is n rows of QuantizedRowBytes(type, k).
 void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t ggml_type, int64_t n,
                float* y, bool accumulate);
+// One weight of QuantGemmGroup and where its product goes.
+struct QuantGemmOutput {
+  const uint8_t* w;  // n rows of QuantizedRowBytes(ggml_type, x.k)
+  int32_t ggml_type;
+  int64_t n;
+  float* y;          // [x.m, n]
+  bool accumulate;
+};
+// QuantGemm for each of `count` weights in one loop over all their rows (a
+// decode step's small matrices give each thread work in one wake-up instead
+// of one per matrix); each output the same bits as QuantGemm's.
+void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOutput* outputs, int32_t count);
 // The scalar definition of one output: dot(row `i` of x, weight row `w_row`).
 float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row, int32_t ggml_type);
 

@@ -655,6 +655,8 @@ class Bf16CpuModel : public CpuBackend {
     q.x = rounded_.data();
     return CpuBackend::Matmul(q);
   }
+  // Each weight through the Matmul above (CpuBackend's would quantize x itself).
+  absl::Status MatmulGroup(const MatmulGroupParams& p) override { return Backend::MatmulGroup(p); }
 
  private:
   static float Round(float v) { return portable::Bf16ToFloat(portable::FloatToBf16(v)); }
