@@ -66,8 +66,10 @@ bool KvCacheManager::AllocateSlotsSlow(Request& request, int32_t num_new_tokens,
 
 void KvCacheManager::CacheNewFullBlocks(Request& request, int32_t num_tokens) {
   TANDEM_DCHECK(num_tokens <= request.num_tokens());
-  const int32_t full = std::min<int32_t>(num_tokens >> block_shift_, request.blocks.size());
   const auto& hashes = request.block_hashes();
+  // A request without hashes (prompt logprobs) caches nothing.
+  const int32_t full = std::min<int32_t>({num_tokens >> block_shift_, static_cast<int32_t>(request.blocks.size()),
+                                          static_cast<int32_t>(hashes.size())});
   for (int32_t i = request.num_cached_blocks; i < full; ++i) {
     pool_.CacheBlock(request.blocks[i], hashes[i]);
   }

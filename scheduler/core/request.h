@@ -138,6 +138,11 @@ class alignas(64) Request {
   int32_t num_preemptions = 0;
   std::optional<TokenId> stop_reason;    // the stop token that finished it, if any
   absl::Status error;                    // why it finished with kFinishedError
+  // prompt_logprobs: the prompt's scores gathered chunk by chunk, handed to
+  // the first output (then prompt_logprobs_sent; a recomputation after a
+  // preemption scores the prompt again and is ignored).
+  std::vector<PromptTokenLogprob> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 
  private:
   void HashNewFullBlocks();

@@ -37,6 +37,18 @@ struct SamplingParams {
   // vLLM's bad_words as token sequences (each non-empty): the worker bans the
   // last token of each whose other tokens end the generated output.
   std::vector<std::vector<TokenId>> bad_words_token_ids;
+  // vLLM's prompt_logprobs: -1 none; k >= 0 each prompt token's logprob,
+  // rank and top k. Such a request does not read the prefix cache (cached
+  // positions have no logits).
+  int32_t prompt_logprobs = -1;
+};
+
+// The logprob of one prompt token, from the logits of the position before it.
+struct PromptTokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;                            // 1 + tokens with a larger logit
+  std::vector<std::pair<TokenId, float>> top;  // top-k (id, logprob), most likely first
 };
 
 }  // namespace tandem::scheduler

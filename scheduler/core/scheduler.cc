@@ -70,8 +70,11 @@ absl::Status Scheduler::ValidateRequest(const RequestSpec& spec) const {
 
 absl::Status Scheduler::AddRequest(RequestSpec spec) {
   TANDEM_RETURN_IF_ERROR(ValidateRequest(spec));
+  // Without block hashes a request neither reads nor fills the prefix cache:
+  // prompt logprobs need logits at every prompt position.
+  const bool hashed = config_.enable_prefix_caching && spec.sampling.prompt_logprobs < 0;
   auto request = std::make_unique<Request>(
-      std::move(spec), next_arrival_seq_++, config_.enable_prefix_caching ? config_.block_size : 0,
+      std::move(spec), next_arrival_seq_++, hashed ? config_.block_size : 0,
       config_.prefix_cache_hash_seed);
   waiting_.Add(requests_.Insert(std::move(request)));
   return absl::OkStatus();

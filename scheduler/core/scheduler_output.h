@@ -100,6 +100,14 @@ struct GrammarOutput {
   }
 };
 
+// The prompt tokens one step scored for row `row` (prompt_logprobs): the
+// logits at position first_position + i score prompt token first_position + i + 1.
+struct PromptLogprobsChunk {
+  size_t row = 0;
+  int32_t first_position = 0;
+  std::vector<PromptTokenLogprob> tokens;
+};
+
 // What the model runner answers for one step. Rows follow the step's
 // scheduling order one to one.
 struct ModelRunnerOutput {
@@ -122,6 +130,9 @@ struct ModelRunnerOutput {
   std::vector<int32_t> top_offsets;      // entries + 1, or empty
   std::vector<TokenId> top_token_ids;
   std::vector<float> top_logprobs;
+  // Rows whose request asked for prompt logprobs and that computed prompt
+  // positions; empty otherwise.
+  std::vector<PromptLogprobsChunk> prompt_logprobs;
 
   void AddRow(RequestId id, absl::Span<const TokenId> sampled) {
     request_ids.push_back(id);
@@ -175,6 +186,9 @@ struct RequestOutput {
   // Empty when the request did not ask for logprobs (SamplingParams::logprobs
   // < 0); otherwise one per new_token_ids entry, in the same order.
   std::vector<TokenLogprob> logprobs;
+  // With the request's first tokens, when it asked for prompt logprobs: one
+  // per prompt token after the first, in order.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<TokenId> stop_reason;
   absl::Status error;  // why, with FinishReason::kError (one word when OK)

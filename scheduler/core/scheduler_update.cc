@@ -30,6 +30,18 @@ void CopyLogprobs(const ModelRunnerOutput& result, size_t row, RequestOutput* ou
   }
 }
 
+// Appends the prompt scores of `row` that continue what `r` has gathered
+// (chunks arrive in order; a recomputed prompt's come again and are skipped).
+void GatherPromptLogprobs(const ModelRunnerOutput& result, size_t row, Request* r) {
+  for (const PromptLogprobsChunk& chunk : result.prompt_logprobs) {
+    if (chunk.row != row || r->prompt_logprobs_sent ||
+        chunk.first_position != static_cast<int32_t>(r->prompt_logprobs.size())) {
+      continue;
+    }
+    r->prompt_logprobs.insert(r->prompt_logprobs.end(), chunk.tokens.begin(), chunk.tokens.end());
+  }
+}
+
 }  // namespace
 
 void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerOutput& result,
@@ -65,12 +77,17 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
       r->num_stale_output_tokens -= scheduled.num_tokens;
       TANDEM_CHECK(r->num_stale_output_tokens >= 0) << "stale underflow for request " << r->id();
     }
+    if (!result.prompt_logprobs.empty()) GatherPromptLogprobs(result, row, r);
     absl::Span<const TokenId> sampled = result.Sampled(row);
     if (sampled.empty()) continue;  // a prefill chunk
     const RequestStatus before = r->status;
     RequestOutput& out = outputs->emplace_back();
     const bool done = AppendDelivered(r, sampled, stale, &out);
     if (result.has_logprobs()) CopyLogprobs(result, row, &out);
+    if (r->sampling().prompt_logprobs >= 0 && !r->prompt_logprobs_sent) {
+      out.prompt_logprobs = std::move(r->prompt_logprobs);
+      r->prompt_logprobs_sent = true;
+    }
     if (done) finished.emplace_back(r, before);
   }
   if (!finished.empty()) RemoveFinished(finished);

@@ -41,6 +41,7 @@ void EncodeSamplingParams(const SamplingParams& p, bool structured_output, v1::S
   for (const std::vector<TokenId>& word : p.bad_words_token_ids) {
     out->add_bad_words_token_ids()->mutable_token_ids()->Add(word.begin(), word.end());
   }
+  if (p.prompt_logprobs >= 0) out->set_prompt_logprobs(p.prompt_logprobs);
 }
 
 SamplingParams DecodeSamplingParams(const v1::SamplingParams& in) {
@@ -62,6 +63,7 @@ SamplingParams DecodeSamplingParams(const v1::SamplingParams& in) {
   const int num_bias = std::min(in.logit_bias_token_ids_size(), in.logit_bias_values_size());
   for (int i = 0; i < num_bias; ++i) p.logit_bias.emplace_back(in.logit_bias_token_ids(i), in.logit_bias_values(i));
   for (const v1::TokenList& word : in.bad_words_token_ids()) p.bad_words_token_ids.push_back(ToVector(word.token_ids()));
+  p.prompt_logprobs = in.has_prompt_logprobs() ? in.prompt_logprobs() : -1;
   return p;
 }
 
@@ -184,6 +186,52 @@ absl::StatusOr<GrammarOutput> DecodeGrammar(const v1::GrammarBitmask& in) {
   return grammar;
 }
 
+namespace {
+
+void EncodePromptLogprobs(const ModelRunnerOutput& output, v1::ModelRunnerOutput* out) {
+  for (const PromptLogprobsChunk& chunk : output.prompt_logprobs) {
+    v1::PromptLogprobs* p = out->add_prompt_logprobs();
+    p->set_row(static_cast<int32_t>(chunk.row));
+    p->set_first_position(chunk.first_position);
+    p->set_num_top(chunk.tokens.empty() ? 0 : static_cast<int32_t>(chunk.tokens[0].top.size()));
+    for (const PromptTokenLogprob& t : chunk.tokens) {
+      p->add_token_ids(t.token);
+      p->add_logprobs(t.logprob);
+      p->add_ranks(t.rank);
+      for (const auto& [id, logprob] : t.top) {
+        p->add_top_token_ids(id);
+        p->add_top_logprobs(logprob);
+      }
+    }
+  }
+}
+
+// in.prompt_logprobs into `output`, whose rows are already decoded.
+absl::Status DecodePromptLogprobs(const v1::ModelRunnerOutput& in, ModelRunnerOutput* output) {
+  for (const v1::PromptLogprobs& p : in.prompt_logprobs()) {
+    const int n = p.token_ids_size();
+    if (p.row() < 0 || p.row() >= in.request_ids_size() || p.first_position() < 0 || p.num_top() < 0 ||
+        p.logprobs_size() != n || p.ranks_size() != n || p.top_token_ids_size() != int64_t{n} * p.num_top() ||
+        p.top_logprobs_size() != p.top_token_ids_size()) {
+      return Malformed("prompt logprobs do not add up");
+    }
+    PromptLogprobsChunk& chunk = output->prompt_logprobs.emplace_back();
+    chunk.row = static_cast<size_t>(p.row());
+    chunk.first_position = p.first_position();
+    chunk.tokens.resize(n);
+    for (int i = 0; i < n; ++i) {
+      PromptTokenLogprob& t = chunk.tokens[i];
+      t.token = p.token_ids(i);
+      t.logprob = p.logprobs(i);
+      t.rank = p.ranks(i);
+      for (int j = i * p.num_top(); j < (i + 1) * p.num_top(); ++j) t.top.emplace_back(p.top_token_ids(j), p.top_logprobs(j));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void EncodeRunnerOutput(const ModelRunnerOutput& output, v1::ModelRunnerOutput* out) {
   out->set_step_seq(output.step_seq);
   out->mutable_request_ids()->Add(output.request_ids.begin(), output.request_ids.end());
@@ -191,6 +239,7 @@ void EncodeRunnerOutput(const ModelRunnerOutput& output, v1::ModelRunnerOutput* 
     out->add_num_sampled(static_cast<int32_t>(output.Sampled(i).size()));
   }
   out->mutable_sampled_token_ids()->Add(output.sampled_token_ids.begin(), output.sampled_token_ids.end());
+  EncodePromptLogprobs(output, out);
   if (!output.has_logprobs()) return;
   for (size_t i = 0; i < output.request_ids.size(); ++i) {
     v1::TokenLogprobs* lp = out->add_logprobs();
@@ -253,6 +302,7 @@ absl::StatusOr<ModelRunnerOutput> DecodeRunnerOutput(const v1::ModelRunnerOutput
   }
   if (offset != in.sampled_token_ids_size()) return Malformed("sampled counts do not add up to the token list");
   if (absl::Status s = DecodeRunnerLogprobs(in, &output); !s.ok()) return s;
+  if (absl::Status s = DecodePromptLogprobs(in, &output); !s.ok()) return s;
   return output;
 }
 

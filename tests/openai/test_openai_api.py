@@ -187,7 +187,7 @@ def test_logprobs(client):
     ("/v1/completions", '{"prompt": "x", "max_tokens": 1000000000}', 400, "max_tokens"),
     ("/v1/completions", '{"prompt": [99999999]}', 400, "prompt"),
     ("/v1/completions", '{"prompt": "x", "model": "gpt-4"}', 404, "model"),
-    ("/v1/completions", '{"prompt": "x", "echo": true}', 400, "echo"),
+    ("/v1/completions", '{"prompt": "x", "echo": true, "stream": true}', 400, "echo"),
     ("/v1/chat/completions", '{"messages": "hi"}', 400, "messages"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": 3}]}', 400, "messages"),
     ("/v1/chat/completions", '{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages"),

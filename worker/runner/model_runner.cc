@@ -8,6 +8,7 @@
 #include "common/sampling_rule.h"
 #include "common/splitmix.h"
 #include "common/status_macros.h"
+#include "worker/runner/prompt_logprobs.h"
 
 namespace tandem::worker {
 namespace {
@@ -176,6 +177,7 @@ absl::Status ModelRunner::ApplyDiff(const v1::SchedulerOutput& step) {
     slot.num_prompt_tokens = num_prompt;
     slot.num_computed = computed;
     slot.options = ToSamplingOptions(sampling);
+    slot.prompt_logprobs = sampling.has_prompt_logprobs() ? sampling.prompt_logprobs() : -1;
     TANDEM_RETURN_IF_ERROR(
         ReadLogitsFields(sampling, model_->config().vocab_size, &slot.logit_bias, &slot.bad_words));
     slot.rng_key = sampling.has_seed() ? SplitMix64(sampling.seed()) : SplitMix64(options_.unseeded_rng_key + slot.id);
@@ -243,6 +245,7 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
   std::vector<int32_t> positions, query_start{0}, seq_lens, table_start{0}, logits_rows, targets, target_slots;
   std::vector<int64_t> kv_slots;
   std::vector<BlockId> tables;
+  std::vector<int32_t> prompt_rows;  // batch indices whose logits score a prompt token
   PendingStep pending;
   pending.seq = step.step_seq();
   IncomingTokens incoming{step.step_seq(), {}};
@@ -278,6 +281,15 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
       }
       positions.push_back(p);
       kv_slots.push_back(int64_t{slot.blocks[p / block_size]} * block_size + p % block_size);
+      if (last_stage() && slot.prompt_logprobs >= 0 && p + 1 < slot.num_prompt_tokens) {
+        // The logits here score prompt token p + 1 (prompt_logprobs.h).
+        if (pending.prompt_scores.empty() || pending.prompt_scores.back().row != static_cast<int32_t>(pending.rows.size())) {
+          pending.prompt_scores.push_back({static_cast<int32_t>(pending.rows.size()), p, slot.prompt_logprobs, {},
+                                           static_cast<int64_t>(prompt_rows.size())});
+        }
+        pending.prompt_scores.back().targets.push_back(slot.tokens[p + 1]);
+        prompt_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      }
     }
     query_start.push_back(static_cast<int32_t>(ids.size()));
     seq_lens.push_back(start + n);
@@ -299,6 +311,9 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
     }
   }
   if (ids.empty()) return Mismatch("a step with no tokens");
+  // Prompt rows after the sampling rows: Sample reads rows [0, samplers).
+  const size_t num_sampling_rows = logits_rows.size();
+  logits_rows.insert(logits_rows.end(), prompt_rows.begin(), prompt_rows.end());
   if (first_stage() && !last_stage()) {
     // Also every message sent long ago, needed or not: over NCCL the last
     // stage's send completes only once received, and its staging buffers are
@@ -366,6 +381,14 @@ absl::Status ModelRunner::Execute(const v1::SchedulerOutput& step) {
     TANDEM_RETURN_IF_ERROR(options_.communicator->Send(options_.communicator->rank() + 1, hidden_out_->data(), hidden_bytes));
     if (first_stage() && !incoming.slots.empty()) incoming_.push_back(std::move(incoming));
     return absl::OkStatus();
+  }
+  if (!prompt_rows.empty()) {
+    pending.prompt_logits.resize(prompt_rows.size() * vocab);
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Event> copy,
+                            backend_->DownloadAsync(logits_->as<float>() + num_sampling_rows * vocab,
+                                                    pending.prompt_logits.data(),
+                                                    pending.prompt_logits.size() * sizeof(float)));
+    pending.copies.push_back(std::move(copy));
   }
   pending_.push_back(std::move(pending));
   return absl::OkStatus();
@@ -618,6 +641,9 @@ absl::StatusOr<std::shared_ptr<StepOutput>> ModelRunner::TakeOutput(uint64_t ste
   out->top_ids_ = std::move(step.top_ids);
   out->max_top_ = step.max_top;
   out->row_logprobs_ = step.row_logprobs;
+  out->prompt_scores_ = std::move(step.prompt_scores);
+  out->prompt_logits_ = std::move(step.prompt_logits);
+  out->vocab_ = model_->config().vocab_size;
   {
     absl::MutexLock lock(&out->mu_);
     out->copies_ = std::move(step.copies);
@@ -674,6 +700,9 @@ absl::StatusOr<v1::ModelRunnerOutput> StepOutput::Serialize() {
       lp->add_top_token_ids(top_ids_[row.logits_row * max_top_ + i]);
       lp->add_top_logprobs(logprobs_[row.logits_row * stride + 1 + i]);
     }
+  }
+  for (const PromptScores& scores : prompt_scores_) {
+    ScorePrompt(prompt_logits_.data(), vocab_, scores, out.add_prompt_logprobs());
   }
   return out;
 }

@@ -49,6 +49,7 @@
 #include "worker/backends/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/llama_model.h"
+#include "worker/runner/prompt_logprobs.h"
 
 namespace tandem::worker {
 
@@ -105,6 +106,10 @@ class StepOutput {
   std::vector<TokenId> top_ids_;       // per logits row: max_top
   int32_t max_top_ = -1;               // -1: no row asked for logprobs
   std::vector<int32_t> row_logprobs_;  // per logits row: requested top-n, -1 none
+  // Prompt logprobs: what to score, from the host copy of the logits rows.
+  std::vector<PromptScores> prompt_scores_;
+  std::vector<float> prompt_logits_;
+  int32_t vocab_ = 0;
 
   // One thread at a time queries or waits on the events (a backend's Event
   // need not be thread-safe).
@@ -148,6 +153,7 @@ class ModelRunner {
     uint64_t rng_key = 0;
     std::vector<std::pair<TokenId, float>> logit_bias;  // ascending ids, unique
     std::vector<std::vector<TokenId>> bad_words;        // token sequences, each non-empty
+    int32_t prompt_logprobs = -1;                       // top-k per prompt token; -1 none
   };
   struct Row {
     RequestId id;
@@ -172,6 +178,10 @@ class ModelRunner {
     std::vector<TokenId> top_ids;      // per logits row: max_top
     int32_t max_top = -1;              // -1: no row asked for logprobs
     std::vector<int32_t> row_logprobs; // per logits row: requested top-n, -1 none
+    // Prompt logprobs: the rows to score and the host copy of their logits
+    // (after the sampling rows in the step's logits), one of `copies`.
+    std::vector<PromptScores> prompt_scores;
+    std::vector<float> prompt_logits;
     // Every device-to-host copy of the step, each waited on: a backend may
     // land a copy in the host buffer only when its own event is waited on or
     // found done (CudaBackend copies through pinned bounce buffers).

@@ -163,6 +163,97 @@ TEST(StepBiasesTest, BadWordsBanTheirLastTokenAfterTheirPrefix) {
   EXPECT_EQ(StepBiases({{3, 4.0f}}, {}, output.data(), 3), (Biases{{3, 4.0f}}));
 }
 
+// Step `seq` of request `id` computing prompt positions [from, from + n)
+// of `prompt` (new at from 0, cached after), with prompt_logprobs `k`.
+v1::SchedulerOutput PromptChunk(uint64_t seq, int64_t id, const std::vector<TokenId>& prompt, int32_t from, int32_t n,
+                                int32_t k) {
+  v1::SchedulerOutput step;
+  step.set_step_seq(seq);
+  if (from == 0) {
+    v1::NewRequest* r = step.add_new_requests();
+    r->set_request_id(id);
+    r->mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    r->mutable_sampling()->set_temperature(0.0f);
+    if (k >= 0) r->mutable_sampling()->set_prompt_logprobs(k);
+    r->mutable_sampling()->set_logprobs(k < 0 ? 4096 : -1);
+    r->add_block_ids(static_cast<int32_t>(2 + id));
+  } else {
+    v1::CachedRequests* cached = step.mutable_cached_requests();
+    cached->add_request_ids(id);
+    cached->add_resumed(false);
+    cached->add_num_computed_tokens(from);
+    cached->add_num_new_block_ids(0);
+  }
+  step.add_scheduled_request_ids(id);
+  step.add_num_scheduled_tokens(n);
+  return step;
+}
+
+v1::ModelRunnerOutput RunStep(ModelRunner& runner, const v1::SchedulerOutput& step) {
+  EXPECT_TRUE(runner.Execute(step).ok());
+  v1::SampleCommand sample;
+  sample.set_step_seq(step.step_seq());
+  EXPECT_TRUE(runner.Sample(sample).ok());
+  auto out = runner.CollectOutput(step.step_seq());
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : v1::ModelRunnerOutput();
+}
+
+// Prompt logprobs against a reference: the log-softmax of the model's logits
+// at the last position of each prefix, run as its own request (the sampler's
+// raw logprobs over the whole vocabulary). The same float32 logits per row;
+// only the log-sum-exp's summation order differs, so 1e-4 is generous.
+TEST_F(ModelRunnerTest, PromptLogprobsMatchEachPrefixsLogSoftmax) {
+  const std::vector<TokenId> prompt = {10, 20, 30, 40, 50, 60};
+  const v1::ModelRunnerOutput whole = RunStep(*runner_, PromptChunk(1, 7, prompt, 0, 6, 3));
+  ASSERT_EQ(whole.prompt_logprobs_size(), 1);
+  const v1::PromptLogprobs& p = whole.prompt_logprobs(0);
+  EXPECT_EQ(p.row(), 0);
+  EXPECT_EQ(p.first_position(), 0);
+  ASSERT_EQ(p.token_ids_size(), 5);
+  EXPECT_EQ(p.num_top(), 3);
+  ASSERT_EQ(p.top_token_ids_size(), 15);
+  for (int32_t pos = 0; pos < 5; ++pos) {
+    EXPECT_EQ(p.token_ids(pos), prompt[pos + 1]);
+    ModelRunner alone(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+    const std::vector<TokenId> prefix(prompt.begin(), prompt.begin() + pos + 1);
+    const v1::ModelRunnerOutput ref = RunStep(alone, PromptChunk(1, 9, prefix, 0, pos + 1, -1));
+    ASSERT_EQ(ref.logprobs_size(), 1);
+    const v1::TokenLogprobs& all = ref.logprobs(0);  // every token, most likely first
+    int32_t rank = 0;
+    for (int i = 0; i < all.top_token_ids_size(); ++i) {
+      if (all.top_token_ids(i) != prompt[pos + 1]) continue;
+      EXPECT_NEAR(p.logprobs(pos), all.top_logprobs(i), 1e-4) << "position " << pos;
+      while (rank < all.top_token_ids_size() && all.top_logprobs(rank) > all.top_logprobs(i)) ++rank;
+      EXPECT_EQ(p.ranks(pos), rank + 1) << "position " << pos;
+    }
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(p.top_token_ids(pos * 3 + j), all.top_token_ids(j)) << "position " << pos;
+      EXPECT_NEAR(p.top_logprobs(pos * 3 + j), all.top_logprobs(j), 1e-4) << "position " << pos;
+    }
+  }
+  // Chunked prefill (4 + 2 positions): each chunk carries its own positions,
+  // and together they equal the one-step scores.
+  ModelRunner chunked(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+  const v1::ModelRunnerOutput first = RunStep(chunked, PromptChunk(1, 7, prompt, 0, 4, 3));
+  const v1::ModelRunnerOutput second = RunStep(chunked, PromptChunk(2, 7, prompt, 4, 2, 3));
+  ASSERT_EQ(first.prompt_logprobs_size(), 1);
+  ASSERT_EQ(second.prompt_logprobs_size(), 1);
+  EXPECT_EQ(first.sampled_token_ids_size(), 0);
+  EXPECT_EQ(second.sampled_token_ids_size(), 1);
+  EXPECT_EQ(first.prompt_logprobs(0).first_position(), 0);
+  EXPECT_EQ(second.prompt_logprobs(0).first_position(), 4);
+  ASSERT_EQ(first.prompt_logprobs(0).logprobs_size(), 4);
+  ASSERT_EQ(second.prompt_logprobs(0).logprobs_size(), 1);
+  for (int32_t pos = 0; pos < 5; ++pos) {
+    const float got = pos < 4 ? first.prompt_logprobs(0).logprobs(pos) : second.prompt_logprobs(0).logprobs(0);
+    EXPECT_NEAR(got, p.logprobs(pos), 1e-4) << "position " << pos;
+  }
+  // A request without prompt_logprobs scores nothing.
+  ModelRunner plain(&backend_, model_.get(), ModelRunnerOptions{16, 1});
+  EXPECT_EQ(RunStep(plain, PromptChunk(1, 7, prompt, 0, 6, -2)).prompt_logprobs_size(), 0);
+}
+
 TEST_F(ModelRunnerTest, DisagreementsAreRefused) {
   v1::SchedulerOutput bad_block = NewRequestStep(-1);
   bad_block.mutable_new_requests(0)->set_block_ids(0, 99);

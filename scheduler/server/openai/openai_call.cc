@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/server/openai/prompt_logprobs_json.h"
 
 namespace tandem::openai {
 namespace {
@@ -189,6 +190,7 @@ Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output) {
 void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
   Choice& choice = choices_[index];
   if (choice.finished) return;  // e.g. the abort that follows a stop string
+  if (!output.prompt_logprobs.empty()) choice.prompt_logprobs = output.prompt_logprobs;
   const auto now = std::chrono::steady_clock::now();
   if (!output.new_token_ids.empty()) {
     if (choice.last_token == std::chrono::steady_clock::time_point()) {
@@ -393,6 +395,14 @@ void OpenAiCall::Complete() {
       entry["message"] = {{"role", "assistant"}, {"content", c.text->emitted()}};
     } else {
       entry["text"] = c.text->emitted();
+    }
+    if (request_.prompt_logprobs >= 0) entry["prompt_logprobs"] = PromptLogprobsJson(c.prompt_logprobs, *tokenizer_);
+    if (request_.echo) {
+      const Prompt& p = request_.prompts[c.prompt];
+      entry["text"] = (p.is_tokens ? tokenizer_->Decode(prompts_[c.prompt]) : p.text) + entry["text"].get<std::string>();
+      if (request_.logprobs >= 0) {
+        entry["logprobs"] = EchoLogprobs(prompts_[c.prompt], c.prompt_logprobs, request_.logprobs, *tokenizer_, entry["logprobs"]);
+      }
     }
     choices.push_back(std::move(entry));
   }

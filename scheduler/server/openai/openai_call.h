@@ -60,6 +60,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
     size_t prompt = 0;      // index into prompts_
     std::optional<TextStream> text;
     nlohmann::json logprobs;  // accumulated for a whole response
+    std::vector<scheduler::PromptTokenLogprob> prompt_logprobs;  // with the first tokens
     int32_t text_offset = 0;  // completions logprobs' text_offset
     bool finished = false;
     bool role_sent = false;

@@ -451,6 +451,22 @@ bool NestsDeeperThan(std::string_view body, int limit) {
   return false;
 }
 
+// echo (completions only) and prompt_logprobs (both endpoints); neither is
+// streamed yet. Echo with logprobs scores the prompt with logprobs' top k.
+void ParseEchoAndPromptLogprobs(bool chat, Fields* f, GenerationRequest* r) {
+  if (chat) {
+    f->Unsupported("echo", false);
+  } else {
+    f->Bool("echo", &r->echo);
+  }
+  f->Integer("prompt_logprobs", &r->prompt_logprobs, 0, kMaxLogprobs);
+  if (r->stream && r->echo) f->Fail("'echo' is not supported with \"stream\": true", "echo");
+  if (r->stream && r->prompt_logprobs >= 0) {
+    f->Fail("'prompt_logprobs' is not supported with \"stream\": true", "prompt_logprobs");
+  }
+  r->sampling.prompt_logprobs = std::max(r->prompt_logprobs, r->echo ? r->logprobs : -1);
+}
+
 }  // namespace
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -556,7 +572,7 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   }
 
   // Known parameters we do not implement: refused, not silently ignored.
-  f.Unsupported("echo", false);
+  ParseEchoAndPromptLogprobs(chat, &f, &r);
   f.Unsupported("suffix", "");
   if (auto e = ParseLogitBias(f.Get("logit_bias"), &r.sampling.logit_bias)) f.Fail(*e, "logit_bias");
   if (auto e = ParseBadWords(f.Get("bad_words"), &r.bad_words)) f.Fail(*e, "bad_words");

@@ -85,6 +85,11 @@ struct GenerationRequest {
   std::string user;
   // vLLM's bad_words as sent; the frontend tokenizes them into sampling.
   std::vector<std::string> bad_words;
+  // vLLM's prompt_logprobs as asked (-1: none; sampling.prompt_logprobs is
+  // what the worker computes, echo's needs included) and the completions
+  // API's echo (the prompt's text, and its tokens' logprobs with logprobs).
+  int32_t prompt_logprobs = -1;
+  bool echo = false;
   // Chat tools: the functions, the `tools` list as sent (for the chat
   // template), and whether and which one the output must call.
   std::vector<ToolFunction> tools;
