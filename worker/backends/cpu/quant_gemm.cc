@@ -94,6 +94,11 @@ __attribute__((target("avx2,fma,f16c"))) void QuantizeRowAvx2(const float* x, in
   }
 }
 
+template <int32_t kType>
+constexpr int64_t kBlockBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
+                                : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
+                                                               : portable::kQ4_1BlockBytes;
+
 // The 32 weights of a block as bytes: Q4_1 unsigned 0..15, Q4_0 -8..7, Q8_0 as stored.
 template <int32_t kType>
 __attribute__((target("avx2,fma,f16c"))) inline __m256i LoadWeights(const uint8_t* block) {
@@ -128,9 +133,7 @@ template <int32_t kType, int MR, int NR>
 __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                    int64_t row_bytes, float* y, int64_t ldy, bool accumulate,
                                                    bool prefetch) {
-  constexpr int64_t kBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
-                             : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
-                                                            : portable::kQ4_1BlockBytes;
+  constexpr int64_t kBytes = kBlockBytes<kType>;
   const int64_t k = x.k;
   const int64_t nb = k / kBlock;
   const int8_t* xq = x.q.data() + i0 * k;
@@ -226,9 +229,7 @@ constexpr int kPackedMaxMR = 4;
 template <int32_t kType, int NR>
 __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, int64_t row_bytes, int64_t nb,
                                                          PackedGroup* g) {
-  constexpr int64_t kBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
-                             : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
-                                                            : portable::kQ4_1BlockBytes;
+  constexpr int64_t kBytes = kBlockBytes<kType>;
   constexpr bool kSigned = kType != portable::kGgmlQ4_1;
   if (g->u.size() < static_cast<size_t>(nb * NR * 32)) {
     g->u.resize(nb * NR * 32);
