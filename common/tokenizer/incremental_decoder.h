@@ -25,6 +25,8 @@ class IncrementalDecoder {
   std::string Add(absl::Span<const TokenId> ids);
   // Whatever is held back, as U+FFFD (the stream ended mid-character).
   std::string Finish();
+  // Whether the last token's bytes end inside a character, held back.
+  bool holds_bytes() const { return !pending_.empty(); }
 
  private:
   const Tokenizer* const tokenizer_;

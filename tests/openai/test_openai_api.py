@@ -174,6 +174,59 @@ def test_logprobs(client):
     assert len(content) >= 1 and all(len(c.top_logprobs) == 2 for c in content)
 
 
+def _streamed_pieces(client, chat, **kwargs):
+    """(text, logprobs entries) of each streamed chunk."""
+    pieces = []
+    if chat:
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for c in chunk.choices:
+                entries = list(c.logprobs.content) if c.logprobs and c.logprobs.content else []
+                pieces.append((c.delta.content or "", entries))
+    else:
+        for chunk in client.completions.create(stream=True, **kwargs):
+            for c in chunk.choices:
+                lp = c.logprobs
+                entries = list(zip(lp.tokens, lp.token_logprobs, lp.text_offset)) if lp else []
+                pieces.append((c.text, entries))
+    return pieces
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("prompt,stop", [
+    ("Emoji party: \U0001F389\U0001F389 \U0001F389", None),  # each emoji is 3 tokens
+    ("In Japanese, hello is", ["(O"]),  # non-ASCII, then a stop string cut out of the middle
+])
+def test_streamed_logprobs_travel_with_their_text(client, chat, prompt, stop):
+    common = dict(model=SERVED_NAME, max_tokens=20, temperature=0, stop=stop, extra_body={"ignore_eos": True})
+    if chat:
+        common.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=0)
+    else:
+        common.update(prompt=prompt, logprobs=0)
+    pieces = _streamed_pieces(client, chat, **common)
+    whole = (client.chat.completions if chat else client.completions).create(**common).choices[0]
+    # Byte-level tokens: a chunk's tokens are exactly its text (a character split over tokens goes
+    # with its last one). Completions' token strings lose a split character's bytes to U+FFFD, so
+    # there each chunk's first text_offset must be where its text starts. The last chunk may carry
+    # a token the stop string cut into (its text before the cut went earlier) or one max_tokens cut
+    # mid-character (U+FFFD); tokens wholly inside the stop string are dropped.
+    sent = b""
+    for i, (text, entries) in enumerate(pieces):
+        if i + 1 < len(pieces) and chat:
+            assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8") == text, pieces
+        elif i + 1 < len(pieces) and entries:
+            assert entries[0][2] == len(sent), pieces
+        sent += text.encode()
+    assert sent.decode() == (whole.message.content if chat else whole.text)
+    if chat:
+        streamed = [(bytes(e.bytes), e.logprob) for _, entries in pieces for e in entries]
+        assert streamed == [(bytes(e.bytes), e.logprob) for e in whole.logprobs.content]
+    else:
+        streamed = [e for _, entries in pieces for e in entries]
+        lp = whole.logprobs
+        assert streamed == list(zip(lp.tokens, lp.token_logprobs, lp.text_offset))
+    assert sum(1 for text, entries in pieces if text and len(entries) > 1) >= (0 if stop else 3)  # held back
+
+
 @pytest.mark.parametrize("path,body,status,param", [
     ("/v1/completions", "{not json", 400, None),
     ("/v1/completions", '["a list"]', 400, None),

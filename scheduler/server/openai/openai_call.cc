@@ -155,17 +155,21 @@ void OpenAiCall::OnClientGone() {
   }
 }
 
-Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output) {
-  if (request_.logprobs < 0 || output.logprobs.empty()) return nullptr;
-  const size_t count = std::min(output.logprobs.size(), static_cast<size_t>(output.new_token_ids.size()));
+Json OpenAiCall::TakeLogprobs(Choice& choice) {
+  const size_t count = std::min(static_cast<size_t>(choice.text->num_released() - choice.logprobs_out),
+                                choice.pending_logprobs.size());
+  choice.logprobs_out = choice.text->num_released();
+  if (request_.logprobs < 0 || count == 0) return nullptr;
+  std::vector<std::pair<TokenId, scheduler::TokenLogprob>> taken(choice.pending_logprobs.begin(),
+                                                                  choice.pending_logprobs.begin() + count);
+  choice.pending_logprobs.erase(choice.pending_logprobs.begin(), choice.pending_logprobs.begin() + count);
   if (chat()) {
     Json content = Json::array();
-    for (size_t i = 0; i < count; ++i) {
-      const scheduler::TokenLogprob& lp = output.logprobs[i];
-      const std::string token = tokenizer_->TokenBytes(output.new_token_ids[i]);
+    for (const auto& [id, lp] : taken) {
+      const std::string token = tokenizer_->TokenBytes(id);
       Json top = Json::array();
-      for (const auto& [id, value] : lp.top) {
-        const std::string t = tokenizer_->TokenBytes(id);
+      for (const auto& [top_id, value] : lp.top) {
+        const std::string t = tokenizer_->TokenBytes(top_id);
         top.push_back({{"token", t}, {"logprob", value}, {"bytes", TokenBytesJson(t)}});
       }
       content.push_back({{"token", token}, {"logprob", lp.logprob}, {"bytes", TokenBytesJson(token)}, {"top_logprobs", top}});
@@ -173,13 +177,12 @@ Json OpenAiCall::LogprobsJson(Choice& choice, const RequestOutput& output) {
     return Json{{"content", std::move(content)}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array(), offsets = Json::array();
-  for (size_t i = 0; i < count; ++i) {
-    const scheduler::TokenLogprob& lp = output.logprobs[i];
-    const std::string token = tokenizer_->TokenBytes(output.new_token_ids[i]);
+  for (const auto& [id, lp] : taken) {
+    const std::string token = tokenizer_->TokenBytes(id);
     tokens.push_back(token);
     token_logprobs.push_back(lp.logprob);
     Json top = Json::object();
-    for (const auto& [id, value] : lp.top) top[tokenizer_->TokenBytes(id)] = value;
+    for (const auto& [top_id, value] : lp.top) top[tokenizer_->TokenBytes(top_id)] = value;
     tops.push_back(std::move(top));
     offsets.push_back(choice.text_offset);
     choice.text_offset += static_cast<int32_t>(token.size());
@@ -215,7 +218,10 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
   const int32_t counted_before = choice.text->num_tokens();
   TextDelta delta = choice.text->Add(output.new_token_ids);
   const size_t counted = std::min(output.logprobs.size(), static_cast<size_t>(choice.text->num_tokens() - counted_before));
-  for (size_t i = 0; i < counted; ++i) choice.cumulative_logprob += output.logprobs[i].logprob;
+  for (size_t i = 0; i < counted; ++i) {
+    choice.cumulative_logprob += output.logprobs[i].logprob;
+    if (request_.logprobs >= 0) choice.pending_logprobs.emplace_back(output.new_token_ids[i], output.logprobs[i]);
+  }
   std::string text = std::move(delta.text);
   std::string reason;
   if (delta.stopped) {
@@ -229,15 +235,16 @@ void OpenAiCall::OnOutput(size_t index, const RequestOutput& output) {
              : output.finish_reason == FinishReason::kAbort ? "abort"
                                                              : "stop";
   }
-  const Json logprobs = LogprobsJson(choice, output);
   if (request_.stream) {
-    // A tool call's text is held until the call is complete (SendChunk).
+    // A tool call's text is held until the call is complete (SendChunk), and its logprobs with it.
     const bool held = tool_call() && reason.empty();
+    const Json logprobs = held ? Json(nullptr) : TakeLogprobs(choice);
     if (!held && (!text.empty() || !reason.empty() || !logprobs.is_null())) {
       choice.finish_reason = reason;
       SendChunk(choice, index, text, logprobs, !reason.empty());
     }
-  } else if (!logprobs.is_null()) {  // a whole response: its text is choice.text->emitted()
+  } else if (const Json logprobs = TakeLogprobs(choice); !logprobs.is_null()) {
+    // A whole response: its text is choice.text->emitted().
     for (auto& [key, values] : logprobs.items()) {
       for (const Json& v : values) choice.logprobs[key].push_back(v);
     }

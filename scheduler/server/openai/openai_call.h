@@ -10,9 +10,11 @@
 #define TANDEM_SCHEDULER_SERVER_OPENAI_OPENAI_CALL_H_
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/tokenizer/tokenizer.h"
@@ -61,6 +63,9 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
     std::optional<TextStream> text;
     nlohmann::json logprobs;  // accumulated for a whole response
     std::vector<scheduler::PromptTokenLogprob> prompt_logprobs;  // with the first tokens
+    // Logprobs of counted tokens whose text is not yet out (TextStream::num_released), oldest first.
+    std::deque<std::pair<TokenId, scheduler::TokenLogprob>> pending_logprobs;
+    int32_t logprobs_out = 0;  // tokens whose logprobs have been taken
     int32_t text_offset = 0;  // completions logprobs' text_offset
     bool finished = false;
     bool role_sent = false;
@@ -78,9 +83,10 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
                  bool final);
   void Complete();
   nlohmann::json Usage() const;
-  // The logprobs of `output`'s tokens in the endpoint's format; null when
-  // the request did not ask. Advances the choice's text offset.
-  nlohmann::json LogprobsJson(Choice& choice, const scheduler::RequestOutput& output);
+  // Takes the logprobs of the tokens whose text is out since the last call,
+  // in the endpoint's format; null when the request did not ask or there are
+  // none. Advances the choice's text offset.
+  nlohmann::json TakeLogprobs(Choice& choice);
   bool chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
   // The tool calls of a choice's whole text (tool_choice named or
   // "required"); null when the request asked for none or the text is not

@@ -188,6 +188,9 @@ void ParseStop(const Json* v, Fields* f, std::vector<std::string>* stop) {
   }
   for (const std::string& s : *stop) {
     if (s.empty()) return f->Fail("stop strings must not be empty", "stop");
+    if (s.size() > static_cast<size_t>(kMaxStopStringBytes)) {
+      return f->Fail(absl::StrCat("each stop string must be at most ", kMaxStopStringBytes, " bytes; got ", s.size()), "stop");
+    }
   }
 }
 
@@ -410,7 +413,6 @@ void ParseTools(Endpoint endpoint, std::string_view body, Fields* f, GenerationR
   SetStructured(std::move(spec), f, r);
 }
 
-// Whether `body` nests arrays and objects deeper than `limit`, counting
 // best_of as vLLM v0: at least n, and only for whole responses (a stream
 // would have to send every candidate before knowing which are the best).
 void ParseBestOf(Fields* f, GenerationRequest* r) {
@@ -427,6 +429,7 @@ void ParseBestOf(Fields* f, GenerationRequest* r) {
   }
 }
 
+// Whether `body` nests arrays and objects deeper than `limit`, counting
 // brackets outside strings. Linear and recursion-free; on text that is not
 // JSON the answer does not matter (the parser refuses it anyway).
 bool NestsDeeperThan(std::string_view body, int limit) {
@@ -568,7 +571,8 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
   }
   r.sampling.logprobs = r.logprobs;
   if (const Json* v = f.Get("user")) {
-    if (v->is_string()) r.user = v->get<std::string>();
+    if (!v->is_string()) f.Fail("'user' must be a string", "user");
+    else r.user = v->get<std::string>();
   }
 
   // Known parameters we do not implement: refused, not silently ignored.

@@ -107,7 +107,11 @@ std::variant<GenerationRequest, ApiError> ParseGenerationRequest(Endpoint endpoi
 // Limits that make a request absurd rather than merely large.
 inline constexpr int32_t kMaxChoices = 128;
 inline constexpr int32_t kMaxLogprobs = 20;
+// vLLM bounds neither the count nor the length of stop strings; OpenAI allows
+// 4. Ours cost O(stop strings) per output byte and a KMP table of their
+// length per choice, so both are bounded.
 inline constexpr int32_t kMaxStopStrings = 16;
+inline constexpr int32_t kMaxStopStringBytes = 256;
 inline constexpr int32_t kMaxPrompts = 256;
 inline constexpr int32_t kMaxSequences = 256;  // n times the number of prompts
 // Arrays and objects nested deeper are refused before parsing: nlohmann's

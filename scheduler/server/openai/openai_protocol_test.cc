@@ -359,6 +359,33 @@ TEST(OpenAiProtocolTest, BestOf) {
               HasSubstr("at least 'n'"));
 }
 
+// Stop strings: vLLM bounds neither count nor length; we allow 16 of up to
+// 256 bytes each. `user` is a string on both endpoints.
+TEST(OpenAiProtocolTest, StopLimitsAndUser) {
+  std::string sixteen = "\"s0\"";
+  for (int i = 1; i < 16; ++i) absl::StrAppend(&sixteen, ",\"s", i, "\"");
+  const std::string seventeen = sixteen + ",\"s16\"";
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, absl::StrCat(R"({"prompt": "x", "stop": [)", sixteen, "]}")).stop.size(), 16u);
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, absl::StrCat(R"({"prompt": "x", "stop": [)", seventeen, "]}")).param,
+            "stop");
+  const std::string longest(kMaxStopStringBytes, 'a');
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, absl::StrCat(R"({"prompt": "x", "stop": ")", longest, "\"}")).stop[0], longest);
+  const ApiError e = ParseError(Endpoint::kChatCompletions, absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "stop": [")", longest, "b\"]}"));
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_THAT(e.message, HasSubstr("at most 256 bytes"));
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const std::string base = endpoint == Endpoint::kCompletions ? R"({"prompt": "x", )"
+                                                                : R"({"messages": [{"role": "user", "content": "x"}], )";
+    EXPECT_EQ(ParseOk(endpoint, base + R"("user": "alice"})").user, "alice");
+    EXPECT_EQ(ParseOk(endpoint, base + R"("user": null})").user, "");
+    for (const char* bad : {"5", "true", "[\"a\"]", "{\"id\": \"a\"}"}) {
+      const ApiError u = ParseError(endpoint, base + "\"user\": " + bad + "}");
+      EXPECT_EQ(u.param, "user") << bad;
+      EXPECT_THAT(u.message, HasSubstr("must be a string"));
+    }
+  }
+}
+
 TEST(OpenAiProtocolTest, ErrorObjectHasOpenAisShape) {
   const nlohmann::json json = nlohmann::json::parse(BadRequest("bad \"top_p\"", "top_p").ToJson());
   EXPECT_EQ(json["error"]["message"], "bad \"top_p\"");

@@ -61,14 +61,42 @@ void TextStream::Consume(const std::string& text, TextDelta* delta) {
   held_.erase(0, held_.size() - keep);
 }
 
+std::string TextStream::Decode(TokenId id) {
+  std::string text = decoder_.Add({&id, 1});
+  decoded_ += text.size();
+  // Text out means the bytes held before this token are out (they come first): the tokens they
+  // came from end here.
+  if (!text.empty() || !decoder_.holds_bytes()) {
+    for (auto it = token_ends_.rbegin(); it != token_ends_.rend() && *it == kUnknown; ++it) *it = decoded_;
+  }
+  token_ends_.push_back(decoder_.holds_bytes() ? kUnknown : decoded_);
+  return text;
+}
+
+void TextStream::Release() {
+  // A stop cuts the text at emitted_.size(): a token that started before the cut contributed text.
+  const size_t cut = emitted_.size();
+  if (stopped_) {  // the stopping token may end inside a character, after the cut
+    for (size_t& end : token_ends_) end = std::min(end, decoded_);
+  }
+  while (!token_ends_.empty() && token_ends_.front() != kUnknown &&
+         (token_ends_.front() <= cut || (stopped_ && released_end_ < cut))) {
+    released_end_ = token_ends_.front();
+    token_ends_.pop_front();
+    ++num_released_;
+  }
+  if (stopped_) token_ends_.clear();
+}
+
 TextDelta TextStream::Add(absl::Span<const TokenId> ids) {
   TANDEM_DCHECK(!finished_) << "TextStream::Add after Finish";
   TextDelta delta;
   for (size_t i = 0; i < ids.size() && !stopped_; ++i) {
     ++num_tokens_;
-    Consume(decoder_.Add(ids.subspan(i, 1)), &delta);
+    Consume(Decode(ids[i]), &delta);
   }
   emitted_ += delta.text;
+  Release();
   return delta;
 }
 
@@ -76,10 +104,16 @@ std::string TextStream::Finish() {
   if (stopped_ || finished_) return "";
   finished_ = true;
   TextDelta delta;
-  Consume(decoder_.Finish(), &delta);
+  const std::string rest = decoder_.Finish();
+  decoded_ += rest.size();
+  for (size_t& end : token_ends_) {
+    if (end == kUnknown) end = decoded_;
+  }
+  Consume(rest, &delta);
   delta.text += held_;  // no stop string can complete any more
   held_.clear();
   emitted_ += delta.text;
+  Release();
   return std::move(delta.text);
 }
 

@@ -12,6 +12,13 @@
 //    that stop string the text currently ends with. So the output is never
 //    rescanned, the cost is O(stop strings) per byte whatever their length,
 //    and the held-back tail is the largest state.
+//  * Each token's text goes out with the delta that emits its last byte, and
+//    num_released() counts the tokens whose text is out in full, so logprobs
+//    can travel with their text: a token held back by a possible stop string
+//    or inside an unfinished character is released later; a token that
+//    emitted nothing (a skipped special token) is released with the text
+//    before it. At a stop, the tokens that contributed text before the cut
+//    are released and the ones wholly inside the cut stop string never are.
 //  * The match that wins is the first one completed as the text grows: the
 //    smallest end offset, and among matches ending there the longest. So the
 //    result does not depend on how tokens are grouped into Add calls, and is
@@ -25,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -71,6 +79,10 @@ class TextStream {
   // the model would have stopped there. So the count, like the text, does
   // not depend on how tokens were grouped into Add calls.
   int32_t num_tokens() const { return num_tokens_; }
+  // The first num_released() of those tokens have all their text in
+  // emitted(); never decreases. After Finish, every counted token not cut
+  // by a stop string.
+  int32_t num_released() const { return num_released_; }
   bool stopped() const { return stopped_; }
 
  private:
@@ -87,6 +99,11 @@ class TextStream {
   // Consumes `text` (new decoded text); appends what may be emitted to
   // `delta` and sets its stop fields on a match.
   void Consume(const std::string& text, TextDelta* delta);
+  // Decodes one token's text and records where its bytes end.
+  std::string Decode(TokenId id);
+  // Releases the tokens whose text emitted() holds; at a stop, also the one
+  // it cut into, and drops the rest.
+  void Release();
 
   IncrementalDecoder decoder_;
   std::vector<StopMatcher> stops_;
@@ -96,6 +113,13 @@ class TextStream {
   // proper prefix of a stop string (size == the largest `matched`).
   std::string held_;
   std::string emitted_;
+  // Decoded bytes so far, and the end offset in them of each counted token
+  // not yet released; kUnknown while its bytes are held by the decoder.
+  static constexpr size_t kUnknown = ~size_t{0};
+  size_t decoded_ = 0;
+  std::deque<size_t> token_ends_;
+  size_t released_end_ = 0;  // end of the last released token
+  int32_t num_released_ = 0;
   int32_t num_tokens_ = 0;
   bool stopped_ = false;
   bool finished_ = false;

@@ -373,6 +373,77 @@ TEST_F(TextStreamTest, RandomizedAgainstNaiveSearch) {
   EXPECT_LT(stopped_count, 2900);
 }
 
+// Tokens are released (their logprobs may go out) with the delta that emits
+// their last byte: held back by a possible stop string, inside a character,
+// and cut by a stop string (never released).
+TEST_F(TextStreamTest, ReleasesTokensWithTheirText) {
+  {  // A stop string in the middle.
+    TextStream stream(tokenizer_.get(), {"STOP"});
+    std::vector<int32_t> released;
+    for (std::string_view chunk : {"ab", "ST", "x", "S", "TO", "Pyz"}) {
+      stream.Add(Bytes(chunk));
+      released.push_back(stream.num_released());
+    }
+    EXPECT_THAT(released, ElementsAre(2, 2, 5, 5, 5, 5));
+    EXPECT_EQ(stream.emitted(), "abSTx");
+    EXPECT_EQ(stream.num_tokens(), 9);  // through the P
+    EXPECT_EQ(stream.Finish(), "");
+    EXPECT_EQ(stream.num_released(), 5);  // S, T, O, P were cut
+  }
+  {  // Included in the output, the stop string's tokens are released with it.
+    TextStream stream(tokenizer_.get(), {"STOP"}, /*include_stop_in_output=*/true);
+    stream.Add(Bytes("aSTOPb"));
+    EXPECT_EQ(stream.num_released(), 5);
+  }
+  {  // A character split over four tokens: all four go with it.
+    TextStream stream(tokenizer_.get(), {});
+    std::vector<int32_t> released;
+    for (TokenId id : Bytes(std::string("a") + kWave + "b")) {
+      stream.Add({id});
+      released.push_back(stream.num_released());
+    }
+    EXPECT_THAT(released, ElementsAre(1, 1, 1, 1, 5, 6));
+  }
+  {  // A token that ends inside a character is held with it, even after text of its own.
+    TextStream stream(tokenizer_.get(), {"xyz"});
+    EXPECT_EQ(stream.Add({'a'}).text, "a");
+    EXPECT_EQ(stream.Add(Bytes("x\xF0\x9F")).text, "");
+    EXPECT_EQ(stream.num_released(), 1);
+    EXPECT_EQ(stream.Finish(), std::string("x") + kReplacement + kReplacement);
+    EXPECT_EQ(stream.num_released(), 4);
+  }
+  {  // A skipped special token emits nothing and goes out with the text before it.
+    TextStream stream(tokenizer_.get(), {});
+    stream.Add({'h', 'i', tokenizer_test::kByteVocabImEnd});
+    EXPECT_EQ(stream.num_released(), 3);
+  }
+}
+
+// With one ASCII byte per token, the released tokens are exactly the emitted
+// text, whatever the stop strings and however the tokens are grouped.
+TEST_F(TextStreamTest, ReleasedTokensMatchEmittedTextRandomized) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text(rng() % 40, 'a');
+    for (char& c : text) c = static_cast<char>('a' + rng() % 3);
+    std::vector<std::string> stops(rng() % 3);
+    for (std::string& stop : stops) {
+      stop.resize(1 + rng() % 4);
+      for (char& c : stop) c = static_cast<char>('a' + rng() % 3);
+    }
+    TextStream stream(tokenizer_.get(), stops, /*include_stop_in_output=*/rng() % 2);
+    const std::vector<TokenId> ids = Bytes(text);
+    for (size_t i = 0; i < ids.size();) {
+      const size_t n = std::min<size_t>(1 + rng() % 4, ids.size() - i);
+      stream.Add(absl::MakeConstSpan(ids).subspan(i, n));
+      ASSERT_EQ(stream.num_released(), static_cast<int32_t>(stream.emitted().size())) << text;
+      i += n;
+    }
+    stream.Finish();
+    ASSERT_EQ(stream.num_released(), static_cast<int32_t>(stream.emitted().size())) << text;
+  }
+}
+
 // The real SmolLM2 tokenizer splits an emoji over three byte-level tokens.
 TEST(SmolLm2TextStreamTest, StopStringOnASplitEmoji) {
   const std::string path = tokenizer_test::SmolLm2Path();
