@@ -26,7 +26,13 @@ void EngineCore::ApplyAborts(std::vector<RequestOutput>* outputs) {
 }
 
 absl::Status EngineCore::SampleStep(const SchedulerOutput& step) {
+  const auto mask_start = std::chrono::steady_clock::now();
   GrammarOutput grammar = scheduler_->GetGrammarBitmask(step);
+  if (!grammar.request_ids.empty()) {
+    const double seconds = SecondsSince(mask_start);
+    const auto rows = static_cast<int32_t>(grammar.request_ids.size());
+    for (StepObserver* observer : observers_) observer->OnGrammarMasks(*this, step, rows, seconds);
+  }
   return executor_->Sample(step.step_seq, grammar.request_ids.empty() ? nullptr : &grammar);
 }
 

@@ -40,6 +40,9 @@ class StepObserver {
   // After UpdateFromOutput() of `step`, which has left the queue.
   virtual void OnUpdated(const EngineCore& engine, const SchedulerOutput& step,
                          const ModelRunnerOutput& result, absl::Span<const RequestOutput> outputs) {}
+  // After the masks of a step's `rows` structured-output rows were built, in `seconds`.
+  virtual void OnGrammarMasks(const EngineCore& engine, const SchedulerOutput& step, int32_t rows,
+                              double seconds) {}
 };
 
 struct EngineStepResult {

@@ -67,7 +67,8 @@ ServingMetrics::ServingMetrics()
       inter_token_(kItlBuckets),
       e2e_(kRequestBuckets),
       queue_time_(kRequestBuckets),
-      scheduler_step_(kSchedulerBuckets) {}
+      scheduler_step_(kSchedulerBuckets),
+      grammar_mask_(kSchedulerBuckets) {}
 
 void ServingMetrics::OnRequestFinished(const RequestRecord& r) {
   if (r.finish_reason == "stop") {
@@ -147,6 +148,11 @@ std::string ServingMetrics::Render(const ScrapeInput& in) const {
   histogram("tandem:request_queue_time_seconds", "Time from arrival to first being scheduled.", queue_time_);
   histogram("tandem:scheduler_step_duration_seconds",
             "The scheduler's own time (schedule + update) per engine step, without the model.", scheduler_step_);
+  histogram("tandem:grammar_mask_duration_seconds",
+            "Time the engine thread spent building the structured-output masks of a step that had any.",
+            grammar_mask_);
+  counter("tandem:grammar_mask_rows", "Structured-output rows whose mask the engine built (one per row per step).",
+          static_cast<double>(grammar_rows_.load()));
 
   counter("tandem:scheduler_time_seconds", "Time spent in the scheduler's schedule and update.", e.scheduler_seconds);
   counter("tandem:engine_steps", "Steps executed by the workers.", static_cast<double>(e.stats.num_steps));

@@ -64,6 +64,10 @@ class ServingMetrics : public scheduler::ServingListener {
   // --- engine thread (ServingListener) ---
   void OnFirstScheduled(double seconds) override { queue_time_.Observe(seconds); }
   void OnSchedulerTime(double seconds) override { scheduler_step_.Observe(seconds); }
+  void OnGrammarMasks(int32_t rows, double seconds) override {
+    grammar_mask_.Observe(seconds);
+    grammar_rows_ += rows;
+  }
 
   // --- frontend, once per finished request ---
   struct RequestRecord {
@@ -88,6 +92,8 @@ class ServingMetrics : public scheduler::ServingListener {
   Histogram e2e_;
   Histogram queue_time_;
   Histogram scheduler_step_;
+  Histogram grammar_mask_;  // per step with structured-output rows
+  std::atomic<int64_t> grammar_rows_{0};
   std::atomic<int64_t> finished_stop_{0}, finished_length_{0}, finished_abort_{0}, finished_error_{0};
   std::atomic<int64_t> prompt_tokens_{0}, generation_tokens_{0};
   std::atomic<int64_t> http_2xx_{0}, http_4xx_{0}, http_5xx_{0};

@@ -44,6 +44,8 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   metrics.OnInterTokenLatency(0.02);
   metrics.OnFirstScheduled(0.003);
   metrics.OnSchedulerTime(15e-6);
+  metrics.OnGrammarMasks(3, 15e-6);
+  metrics.OnGrammarMasks(2, 1e-3);
   ScrapeInput in;
   in.model_name = "m";
   in.engine.num_running = 2;
@@ -73,6 +75,9 @@ TEST(ServingMetricsTest, RendersVllmNamesAndOurs) {
   EXPECT_THAT(text, HasSubstr("tandem:request_queue_time_seconds_count{model_name=\"m\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("tandem:scheduler_step_duration_seconds_bucket{model_name=\"m\",le=\"2e-05\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("tandem:wasted_rows_total{model_name=\"m\"} 6\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:grammar_mask_duration_seconds_bucket{model_name=\"m\",le=\"2e-05\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:grammar_mask_duration_seconds_count{model_name=\"m\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("tandem:grammar_mask_rows_total{model_name=\"m\"} 5\n"));
   EXPECT_THAT(text, HasSubstr("tandem:wasted_steps_total{model_name=\"m\"} 6\n"));  // the old name, until 0.2
   EXPECT_THAT(text, HasSubstr("tandem:worker_idle_seconds_total{model_name=\"m\",rank=\"1\"} 1.5\n"));
   // Which backend and device each registered rank runs.

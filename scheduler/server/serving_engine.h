@@ -54,6 +54,8 @@ class ServingListener {
   // The scheduler's own time (Schedule and UpdateFromOutput) in one engine
   // iteration that launched or collected a step.
   virtual void OnSchedulerTime(double seconds) {}
+  // The masks of a step's `rows` structured-output rows took `seconds` to build.
+  virtual void OnGrammarMasks(int32_t rows, double seconds) {}
 };
 
 struct ServingSnapshot {
@@ -128,6 +130,9 @@ class ServingEngine {
    public:
     explicit QueueTimer(ServingEngine* engine) : engine_(engine) {}
     void OnScheduled(const EngineCore& engine, const SchedulerOutput& step) override;
+    void OnGrammarMasks(const EngineCore& engine, const SchedulerOutput& step, int32_t rows, double seconds) override {
+      if (engine_->listener_ != nullptr) engine_->listener_->OnGrammarMasks(rows, seconds);
+    }
 
    private:
     ServingEngine* const engine_;

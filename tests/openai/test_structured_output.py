@@ -64,10 +64,16 @@ def test_completions_json_schema_and_stream(client):
     jsonschema.validate(json.loads(text), schema)
 
 
-def test_json_object(client):
+def test_json_object(server, client):
+    rows = server.metric("tandem:grammar_mask_rows_total")
+    steps = server.metric("tandem:grammar_mask_duration_seconds_count")
     r = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=100, temperature=0,
                                        response_format={"type": "json_object"})
     assert isinstance(json.loads(r.choices[0].message.content), dict)
+    # The engine built a mask for each of its tokens before sampling it, so before the response came.
+    tokens = r.usage.completion_tokens
+    assert server.metric("tandem:grammar_mask_rows_total") - rows >= tokens
+    assert server.metric("tandem:grammar_mask_duration_seconds_count") - steps >= tokens
 
 
 def test_guided_choice_regex_grammar(client):
