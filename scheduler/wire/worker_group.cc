@@ -114,6 +114,7 @@ void WorkerGroup::MaybeConfigure() {
   results_.clear();
   held_execute_.reset();
   diff_.Reset();
+  in_flight_rows_.clear();
   state_ = State::kConfiguring;
   v1::SchedulerMessage message;
   v1::ConfigureGroup* configure = message.mutable_configure();
@@ -181,6 +182,7 @@ void WorkerGroup::Reset() {
   {
     absl::MutexLock lock(&mu_);
     results_.clear();
+    in_flight_rows_.clear();
     held_execute_.reset();
     failure_ = absl::OkStatus();
     state_ = State::kForming;
@@ -259,6 +261,14 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
   FlushLocked();
   // Under the lock: the diff must follow exactly what the ranks receive.
   if (!diff_.Compact(message.mutable_execute(), message.mutable_execute_diff())) message.clear_execute_diff();
+  std::vector<RequestId> rows;
+  if (!spare_rows_.empty()) {
+    rows = std::move(spare_rows_.back());
+    spare_rows_.pop_back();
+  }
+  rows.clear();
+  for (const ScheduledRequest& row : step.scheduled) rows.push_back(row.id);
+  in_flight_rows_.emplace_back(step.step_seq, std::move(rows));
   for (size_t r = 0; r + 1 < members_.size(); ++r) members_[r]->link->Send(message);
   held_execute_ = std::move(message);
   return absl::OkStatus();
@@ -302,15 +312,24 @@ absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
   }
   v1::StepResult result = std::move(results_.front());
   results_.pop_front();
-  if (result.rows_implied()) {
-    const std::vector<int64_t>* rows = diff_.Rows(result.output().step_seq());
-    if (rows == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker rank ", members_.size() - 1, " answered step ", result.output().step_seq(),
-                       ", which is not in flight"));
-    }
-    if (absl::Status s = wire::ExpandResult(*rows, &result); !s.ok()) return s;
+  // Results come in step order: this one answers the oldest step sent.
+  std::optional<StepSeq> oldest;
+  std::vector<RequestId> rows;
+  if (!in_flight_rows_.empty()) {
+    oldest = in_flight_rows_.front().first;
+    rows = std::move(in_flight_rows_.front().second);
+    in_flight_rows_.pop_front();
   }
+  absl::Status expanded;
+  if (result.rows_implied()) {
+    expanded = oldest == result.output().step_seq()
+                   ? wire::ExpandResult(rows, &result)
+                   : absl::InvalidArgumentError(absl::StrCat("worker rank ", members_.size() - 1, " answered step ",
+                                                             result.output().step_seq(),
+                                                             ", which is not the oldest in flight"));
+  }
+  spare_rows_.push_back(std::move(rows));
+  if (!expanded.ok()) return expanded;
   return DecodeRunnerOutput(result.output());
 }
 

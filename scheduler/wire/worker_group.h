@@ -23,6 +23,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -123,6 +124,10 @@ class WorkerGroup : public ExecutorGroup {
   // (proto/diff/step_diff.h). Every rank receives every execute, so one
   // state stands for all of them.
   wire::StepDiffState diff_ ABSL_GUARDED_BY(mu_);
+  // The scheduled request ids of each step sent and not yet collected,
+  // oldest first: a compact result's rows (as deep as the engine's queue).
+  std::deque<std::pair<StepSeq, std::vector<RequestId>>> in_flight_rows_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<RequestId>> spare_rows_ ABSL_GUARDED_BY(mu_);  // their buffers, for reuse
   // The last rank's execute command of the newest step, held until Sample
   // (sent together as one ExecuteAndSample: a message, a write and a wake
   // fewer per step) or until any other call on the group, whichever first.

@@ -129,6 +129,51 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
 }
 
+// Compact results (rows implied, proto/diff/step_diff.h) get their rows from
+// the steps sent, however deep the queue (deeper than the diff's history
+// here); a compact result for a step other than the oldest is refused.
+TEST(WorkerGroupTest, CompactResultsTakeTheRowsOfTheOldestStepSent) {
+  WorkerGroup group(Options(1));
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  const int depth = wire::StepDiffState::kHistory + 4;
+  for (int k = 1; k <= depth; ++k) {
+    SchedulerOutput step;
+    step.step_seq = k;
+    for (RequestId id : {RequestId{7}, RequestId{100 + k}}) {
+      ScheduledRequest row;
+      row.id = id;
+      row.num_tokens = 1;
+      row.samples = true;
+      step.scheduled.push_back(row);
+    }
+    step.total_num_scheduled_tokens = 2;
+    ASSERT_TRUE(group.Execute(step).ok());
+    ASSERT_TRUE(group.Sample(k, nullptr).ok());
+  }
+  auto compact_result = [](uint64_t seq) {
+    v1::WorkerMessage result;
+    result.mutable_result()->set_epoch(1);
+    result.mutable_result()->set_rows_implied(true);
+    result.mutable_result()->set_sampled_rows(std::string(1, '\x02'));  // only row 1 sampled
+    result.mutable_result()->mutable_output()->set_step_seq(seq);
+    result.mutable_result()->mutable_output()->add_sampled_token_ids(static_cast<int32_t>(seq));
+    return result;
+  };
+  for (int k = 1; k < depth; ++k) group.OnMessage(&a, compact_result(k));
+  for (int k = 1; k < depth; ++k) {
+    auto collected = group.CollectOutput(k);
+    ASSERT_TRUE(collected.ok()) << collected.status();
+    EXPECT_EQ(collected->request_ids, (std::vector<RequestId>{7, 100 + k}));
+    EXPECT_EQ(collected->sampled_offsets, (std::vector<int32_t>{0, 0, 1}));
+    EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{k});
+  }
+  group.OnMessage(&a, compact_result(depth + 1));  // step `depth` is the one in flight
+  auto wrong = group.CollectOutput(depth);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
+}
+
 // A step whose sampling is deferred (scheduler/README.md §4.7) reaches the
 // last rank at the group's next call, at the latest CollectOutput before it
 // waits; its sample then goes alone.
