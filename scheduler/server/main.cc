@@ -108,6 +108,7 @@ absl::StatusOr<HttpApi> StartHttpApi(const SchedulerFlags& f, const ListenFlags&
   openai::OpenAiFrontendOptions options;
   options.served_model_name = f.ServedModelName();
   options.api_key = f.api_key;
+  options.auto_tool_choice = f.enable_auto_tool_choice;
   options.model_context_length = f.max_model_len > 0 ? static_cast<int32_t>(f.max_model_len) : model.config.context_length;
   // The chat template: --chat-template's file, else the GGUF's; a file that does not parse stops the start.
   const Tokenizer& tok = *model.tokenizer;

@@ -33,6 +33,12 @@ void SchedulerFlags::Register(FlagParser* flags) {
   flags->AddString("served-model-name", &served_model_name, "the model's name in the API (default: the file's name)");
   flags->AddString("chat-template", &chat_template,
                    "a Jinja chat template file to use instead of the model's tokenizer.chat_template");
+  flags->AddBool("enable-auto-tool-choice", &enable_auto_tool_choice,
+                 "serve tool_choice \"auto\" (the default with tools): free output, tool calls parsed from it "
+                 "(needs --tool-call-parser)");
+  flags->AddString("tool-call-parser", &tool_call_parser,
+                   "the model's tool-call format for --enable-auto-tool-choice: hermes (<tool_call>{json}</tool_call>, "
+                   "Hermes and Qwen 2.5 templates)");
   flags->AddInt("http-threads", &http_threads, "threads that serve every HTTP connection", 1, 256);
   flags->AddDouble("http-request-timeout", &http_request_timeout,
                    "seconds a client may take to send one HTTP request from its first byte (a slower one gets "
@@ -63,6 +69,13 @@ absl::Status SchedulerFlags::Validate() const {
   if (absl::Status s = ValidateHttps(https_cert, https_key); !s.ok()) return s;
   if (!chat_template.empty() && !std::ifstream(chat_template)) {
     return absl::InvalidArgumentError(absl::StrCat("flag --chat-template: cannot read '", chat_template, "'"));
+  }
+  if (!tool_call_parser.empty() && tool_call_parser != "hermes") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --tool-call-parser must be hermes (the only parser this server has), got '", tool_call_parser, "'"));
+  }
+  if (enable_auto_tool_choice && tool_call_parser.empty()) {
+    return absl::InvalidArgumentError("flag --enable-auto-tool-choice needs --tool-call-parser (hermes)");
   }
   if (!(step_timeout > 0)) return absl::InvalidArgumentError("flag --step-timeout must be positive");
   if (!(shutdown_grace >= 0)) return absl::InvalidArgumentError("flag --shutdown-grace must not be negative");
@@ -129,6 +142,8 @@ std::vector<std::string> SchedulerFlags::ToArgs() const {
   if (!api_key.empty()) args.push_back(flag("api-key", api_key));
   if (!served_model_name.empty()) args.push_back(flag("served-model-name", served_model_name));
   if (!chat_template.empty()) args.push_back(flag("chat-template", chat_template));
+  if (enable_auto_tool_choice) args.push_back(flag("enable-auto-tool-choice", boolean(true)));
+  if (!tool_call_parser.empty()) args.push_back(flag("tool-call-parser", tool_call_parser));
   if (!https_cert.empty()) args.push_back(flag("https-cert", https_cert));
   if (!https_key.empty()) args.push_back(flag("https-key", https_key));
   return args;

@@ -40,6 +40,8 @@ struct SchedulerFlags {
   std::string api_key;       // empty: none
   std::string served_model_name;  // empty: the model file's name
   std::string chat_template;      // --chat-template FILE; empty: the GGUF's tokenizer.chat_template
+  bool enable_auto_tool_choice = false;  // tool_choice "auto" (needs tool_call_parser)
+  std::string tool_call_parser;          // "hermes" or empty
   int64_t http_threads = 2;
   double http_request_timeout = 30;  // seconds from a request's first byte to its last
   double shutdown_grace = 30;  // seconds

@@ -224,7 +224,56 @@ def test_required_tool_calls(client):
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
-def test_tool_choice_auto_is_refused(client):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=10, tools=TOOLS)
-    assert "auto" in str(e.value)
+def test_tool_choice_auto_is_refused_without_the_flags(client):
+    for extra in ({}, {"tool_choice": "auto"}):  # tools alone mean "auto"
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smollm2", messages=WEATHER_ASK, max_tokens=10, tools=TOOLS, **extra)
+        assert "--enable-auto-tool-choice" in str(e.value) and e.value.body["param"] == "tool_choice"
+
+
+HERMES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "chat_templates",
+                      "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja")
+
+
+def test_tool_choice_auto_with_the_hermes_parser(tmp_path):
+    """vLLM's --enable-auto-tool-choice --tool-call-parser hermes with a Hermes template: free output,
+    <tool_call> blocks parsed into message.tool_calls. SmolLM2 may not call tools by itself (the
+    parser's cases are in tool_call_parser_test); this checks the plumbing and the response shape."""
+    _require_model()
+    server = Server(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", HERMES],
+                    tmp_path=str(tmp_path))
+    try:
+        client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        # A conversation that has already called the tool once, so the model has the format before it.
+        messages = [
+            {"role": "user", "content": "What is the weather in Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": "Rome", "days": 1})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 25 C"},
+            {"role": "assistant", "content": "It is sunny in Rome, 25 C."},
+            *WEATHER_ASK]
+        for kwargs in ({}, {"tool_choice": "auto"}):
+            r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=60, temperature=0,
+                                               tools=TOOLS, **kwargs)
+            choice = r.choices[0]
+            calls = choice.message.tool_calls or []
+            assert choice.finish_reason == ("tool_calls" if calls else choice.finish_reason)
+            assert choice.finish_reason in ("stop", "length", "tool_calls"), choice
+            assert calls or choice.message.content, choice
+            for call in calls:
+                assert call.type == "function" and call.id.startswith("call_")
+                assert call.function.name in ("get_weather", "get_time")
+                assert isinstance(json.loads(call.function.arguments), dict)
+        # Streamed: the same message, the calls as one delta at the end.
+        stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=60, temperature=0,
+                                                tools=TOOLS, stream=True)
+        chunks = [c.choices[0] for c in stream if c.choices]
+        streamed_calls = [tc for c in chunks for tc in (c.delta.tool_calls or [])]
+        assert [tc.function.arguments for tc in streamed_calls] == [c.function.arguments for c in calls]
+        assert "".join(c.delta.content or "" for c in chunks) == (choice.message.content or "")
+        assert chunks[-1].finish_reason == choice.finish_reason
+    finally:
+        server.stop()
+    with pytest.raises(RuntimeError, match="tool-call-parser"):
+        Server(["--enable-auto-tool-choice", "--tool-call-parser", "mistral"], tmp_path=str(tmp_path),
+               log_name="bad.log")

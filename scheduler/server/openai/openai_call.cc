@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/server/openai/tool_call_parser.h"
 #include "scheduler/server/openai/prompt_logprobs_json.h"
 
 namespace tandem::openai {
@@ -268,10 +269,12 @@ void OpenAiCall::SendChunk(Choice& choice, size_t index, const std::string& text
     }
     if (tool_call()) {
       // A call is sent whole in the last chunk, once its arguments are complete.
-      Json calls = final ? ToolCalls(index, choice.text->emitted()) : Json(nullptr);
+      std::string content = choice.text->emitted();
+      Json calls = final ? ToolCalls(index, choice.text->emitted(), &content) : Json(nullptr);
       if (!calls.is_null()) {
         for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
         delta["tool_calls"] = std::move(calls);
+        if (request_.tool_choice == ToolChoice::kAuto && !content.empty()) delta["content"] = content;
       } else if (final) {
         delta["content"] = choice.text->emitted();
       }
@@ -314,12 +317,20 @@ Json OpenAiCall::Usage() const {
   return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-Json OpenAiCall::ToolCalls(size_t index, const std::string& text) const {
+Json OpenAiCall::ToolCalls(size_t index, const std::string& text, std::string* content) const {
   auto call = [&](size_t k, const std::string& name, std::string arguments) {
     return Json{{"id", absl::StrCat("call_", setup_.id.substr(setup_.id.find('-') + 1), "_", index, "_", k)},
                 {"type", "function"},
                 {"function", {{"name", name}, {"arguments", std::move(arguments)}}}};
   };
+  if (request_.tool_choice == ToolChoice::kAuto) {
+    ParsedOutput parsed = ParseHermesToolCalls(text);
+    if (content != nullptr) *content = parsed.calls.empty() ? text : std::move(parsed.content);
+    if (parsed.calls.empty()) return nullptr;
+    Json calls = Json::array();
+    for (size_t k = 0; k < parsed.calls.size(); ++k) calls.push_back(call(k, parsed.calls[k].name, parsed.calls[k].arguments));
+    return calls;
+  }
   if (request_.tool_choice == ToolChoice::kNamed) {
     if (!Json::accept(text)) return nullptr;
     return Json::array({call(0, request_.tool_choice_name, text)});
@@ -341,8 +352,8 @@ Json OpenAiCall::ToolCalls(size_t index, const std::string& text) const {
 // "tool_calls" when the output is a list of calls ("required"); a named
 // function's call ends with "stop", as OpenAI's forced function calls do.
 std::string OpenAiCall::FinishReasonJson(const Choice& choice, size_t index) const {
-  if (request_.tool_choice == ToolChoice::kRequired && choice.finish_reason == "stop" &&
-      !ToolCalls(index, choice.text->emitted()).is_null()) {
+  const bool listed = request_.tool_choice == ToolChoice::kRequired || request_.tool_choice == ToolChoice::kAuto;
+  if (listed && choice.finish_reason == "stop" && !ToolCalls(index, choice.text->emitted()).is_null()) {
     return "tool_calls";
   }
   return choice.finish_reason;
@@ -395,9 +406,13 @@ void OpenAiCall::Complete() {
                   {"logprobs", std::move(logprobs)},
                   {"finish_reason", FinishReasonJson(c, i)},
                   {"stop_reason", c.stop_reason ? Json(*c.stop_reason) : Json(nullptr)}};
-    Json calls = tool_call() ? ToolCalls(i, c.text->emitted()) : Json(nullptr);
+    std::string content;
+    Json calls = tool_call() ? ToolCalls(i, c.text->emitted(), &content) : Json(nullptr);
     if (chat() && !calls.is_null()) {
-      entry["message"] = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(calls)}};
+      // "auto" keeps the text around the calls as content, as vLLM's parsers do.
+      entry["message"] = {{"role", "assistant"},
+                          {"content", content.empty() ? Json(nullptr) : Json(content)},
+                          {"tool_calls", std::move(calls)}};
     } else if (chat()) {
       entry["message"] = {{"role", "assistant"}, {"content", c.text->emitted()}};
     } else {

@@ -90,8 +90,9 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   bool chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
   // The tool calls of a choice's whole text (tool_choice named or
   // "required"); null when the request asked for none or the text is not
-  // a complete call list (cut by max_tokens).
-  nlohmann::json ToolCalls(size_t index, const std::string& text) const;
+  // a complete call list (cut by max_tokens). With "auto", the Hermes calls
+  // found in the text (null when none) and `content` the rest.
+  nlohmann::json ToolCalls(size_t index, const std::string& text, std::string* content = nullptr) const;
   bool tool_call() const { return request_.tool_choice != ToolChoice::kNone; }
   std::string FinishReasonJson(const Choice& choice, size_t index) const;
   // The choices the response returns, in order: all of them, or with

@@ -162,6 +162,12 @@ void OpenAiFrontend::HandleGeneration(Endpoint endpoint, const http::HttpRequest
   auto parsed = ParseGenerationRequest(endpoint, request.body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return RespondError(*writer, *error);
   GenerationRequest& r = std::get<GenerationRequest>(parsed);
+  if (r.tool_choice == ToolChoice::kAuto && !options_.auto_tool_choice) {
+    return RespondError(*writer, BadRequest("'tool_choice' \"auto\" (the default with 'tools') needs the server started "
+                                            "with --enable-auto-tool-choice --tool-call-parser hermes; or use "
+                                            "\"required\", a named function or \"none\"",
+                                            "tool_choice"));
+  }
   if (!r.model.empty() && r.model != options_.served_model_name) {
     ApiError e = NotFound(absl::StrCat("The model `", r.model, "` does not exist; this server serves `",
                                        options_.served_model_name, "`."));

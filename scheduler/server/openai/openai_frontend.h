@@ -48,6 +48,8 @@ struct OpenAiFrontendOptions {
   std::string served_model_name;
   std::string api_key;               // empty: no authentication
   int32_t model_context_length = 0;  // the limit before the group first forms
+  // tool_choice "auto" parses Hermes <tool_call> blocks (--enable-auto-tool-choice --tool-call-parser hermes).
+  bool auto_tool_choice = false;
 };
 
 class OpenAiFrontend {

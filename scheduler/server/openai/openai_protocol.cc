@@ -343,8 +343,8 @@ std::string RequiredToolsSchema(const std::vector<ToolFunction>& tools) {
 }
 
 // tools: [{"type": "function", "function": {"name", "description", "parameters"}}] and
-// tool_choice: "none" | "required" | {"type": "function", "function": {"name"}}. "auto" needs a
-// parser of the model's own tool-call format, which we do not have: refused by name.
+// tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name"}}. "auto"
+// (the default with tools) is free output for a tool-call parser; the frontend checks it has one.
 void ParseTools(Endpoint endpoint, std::string_view body, Fields* f, GenerationRequest* r) {
   const Json* tools = f->Get("tools");
   const Json* choice = f->Get("tool_choice");
@@ -378,9 +378,8 @@ void ParseTools(Endpoint endpoint, std::string_view body, Fields* f, GenerationR
   }
   r->tools_json = ordered["tools"].dump();
   if (choice == nullptr || *choice == "auto") {
-    return f->Fail("'tool_choice' \"auto\" (the default with 'tools') is not supported by this server: it has no "
-                   "parser of the model's tool-call format; use \"required\", a named function or \"none\"",
-                   "tool_choice");
+    r->tool_choice = ToolChoice::kAuto;
+    return;
   }
   if (*choice == "none") return;
   StructuredSpec spec{StructuredKind::kJsonSchema, "", {}, "tool_choice"};

@@ -51,8 +51,10 @@ struct ToolFunction {
 
 // How the output is a tool call: kNone (plain content), kNamed (the output
 // is the named function's arguments), kRequired (a JSON list of
-// {"name", "parameters"} calls, as vLLM's "required").
-enum class ToolChoice { kNone, kNamed, kRequired };
+// {"name", "parameters"} calls, as vLLM's "required"), kAuto (free output
+// whose tool calls a parser finds; the frontend refuses it unless the server
+// has --enable-auto-tool-choice).
+enum class ToolChoice { kNone, kNamed, kRequired, kAuto };
 
 // One prompt of a completions request: text to tokenize, or token ids.
 struct Prompt {
