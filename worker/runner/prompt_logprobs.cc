@@ -1,8 +1,6 @@
 #include "worker/runner/prompt_logprobs.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
+#include "worker/backends/portable/raw_logprobs.h"
 
 namespace tandem::worker {
 namespace {
@@ -10,21 +8,13 @@ namespace {
 // One row: its target's logprob and rank, and the top k.
 void ScoreRow(const float* l, int32_t vocab, TokenId target, int32_t k, std::vector<int32_t>* ids,
               v1::PromptLogprobs* out) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (int32_t t = 0; t < vocab; ++t) max = std::max(max, l[t]);
-  double sum = 0;
-  for (int32_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(l[t]) - static_cast<double>(max));
-  const double lse = static_cast<double>(max) + std::log(sum);
+  const double lse = sampling::LogSumExp(l, vocab);
   int32_t above = 0;
   for (int32_t t = 0; t < vocab; ++t) above += l[t] > l[target] ? 1 : 0;
   out->add_token_ids(target);
   out->add_logprobs(static_cast<float>(static_cast<double>(l[target]) - lse));
   out->add_ranks(1 + above);
-  const int32_t top = std::min(k, vocab);
-  ids->resize(vocab);
-  for (int32_t t = 0; t < vocab; ++t) (*ids)[t] = t;
-  std::partial_sort(ids->begin(), ids->begin() + top, ids->end(),
-                    [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  const int32_t top = sampling::TopLogitIds(l, vocab, k, ids);
   for (int32_t i = 0; i < top; ++i) {
     out->add_top_token_ids((*ids)[i]);
     out->add_top_logprobs(static_cast<float>(static_cast<double>(l[(*ids)[i]]) - lse));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/backends/portable/raw_logprobs.h"
 #include "worker/backends/portable/sampling_rule.h"
 
 namespace tandem::worker {
@@ -34,27 +35,11 @@ uint32_t RadixSelect(const int32_t* ids, int32_t n, Key key, Weight weight, uint
   return prefix;
 }
 
-// Log-sum-exp of the raw logits, in double.
-double LogSumExp(const float* v, int32_t n) {
-  float max = kNegInf;
-  for (int32_t i = 0; i < n; ++i) max = std::max(max, v[i]);
-  if (max == kNegInf) return kNegInf;
-  double sum = 0;
-  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i]) - static_cast<double>(max));
-  return static_cast<double>(max) + std::log(sum);
-}
-
 // Step 1: the sampled token's logprob and the top n by (value desc, id asc).
 void Logprobs(const float* logits, int32_t vocab, int32_t n, SampledToken* out, std::vector<int32_t>* ids) {
-  const double lse = LogSumExp(logits, vocab);
+  const double lse = sr::LogSumExp(logits, vocab);
   out->logprob = static_cast<float>(static_cast<double>(logits[out->token]) - lse);
-  const int32_t top = std::min(n, vocab);
-  ids->resize(vocab);
-  for (int32_t t = 0; t < vocab; ++t) (*ids)[t] = t;
-  std::partial_sort(ids->begin(), ids->begin() + top, ids->end(), [logits](int32_t a, int32_t b) {
-    const uint32_t ka = sr::OrderKey(logits[a]), kb = sr::OrderKey(logits[b]);
-    return ka > kb || (ka == kb && a < b);
-  });
+  const int32_t top = sr::TopLogitIds(logits, vocab, n, ids);
   for (int32_t i = 0; i < top; ++i) {
     const int32_t t = (*ids)[i];
     out->top.emplace_back(t, static_cast<float>(static_cast<double>(logits[t]) - lse));
