@@ -1,5 +1,6 @@
 // ThreadPool: every item of every loop runs exactly once, whether the pool
-// threads are still spinning when a loop arrives or have gone to sleep.
+// threads are still spinning when a loop arrives, have gone to sleep, or are
+// held up (preempted) and arrive after the loop has finished.
 #include "worker/backends/cpu/thread_pool.h"
 
 #include <atomic>
@@ -7,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace tandem::worker {
@@ -50,6 +53,54 @@ TEST(ThreadPoolTest, ReturnsOnlyAfterSlowPoolThreadsFinish) {
       for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
     });
     for (int i = 0; i < 64; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  }
+}
+
+// A pool thread that saw a loop and was then descheduled (held here) must not
+// hold up that loop or the ones after it, and when it runs again it must not
+// take chunks of a loop that has finished.
+TEST(ThreadPoolTest, LoopsFinishWithoutAHeldThreadThatLaterArrivesHarmlessly) {
+  constexpr int kLoops = 200;
+  constexpr int kItems = 64;
+  absl::Notification release;
+  std::atomic<bool> held{false};
+  std::vector<std::atomic<int32_t>> hits((kLoops + 1) * kItems);
+  {
+    ThreadPool pool(2, [&](int32_t) {
+      if (!held.exchange(true)) release.WaitForNotification();
+    });
+    // With `meet`, the caller's chunks wait (polling, bounded) until the pool
+    // thread has taken one, so the loop shows whether it takes part.
+    auto run_loop = [&](int loop, bool meet) {
+      std::atomic<bool> on_pool_thread{false};
+      pool.ParallelFor(kItems, 1, [&, loop](int64_t begin, int64_t end, int32_t thread) {
+        if (thread == 1) on_pool_thread.store(true);
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        while (meet && !on_pool_thread.load() && absl::Now() < deadline) std::this_thread::yield();
+        for (int64_t i = begin; i < end; ++i) hits[loop * kItems + i].fetch_add(1);
+      });
+      return on_pool_thread.load();
+    };
+    std::atomic<bool> finished{false};
+    std::thread submitter([&] {
+      run_loop(0, /*meet=*/false);
+      while (!held.load()) std::this_thread::yield();  // the pool thread saw a loop and is held
+      for (int loop = 1; loop < kLoops; ++loop) run_loop(loop, /*meet=*/false);
+      finished.store(true);
+    });
+    // Polls the state; the deadline only turns a hang into a failure.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!finished.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    const bool finished_while_held = finished.load();
+    release.Notify();
+    submitter.join();
+    EXPECT_TRUE(finished_while_held) << "ParallelFor waited for a thread that took no chunk";
+    // The held thread runs again with the first loop's view; it must take
+    // no chunk of a finished loop and take part in the next one.
+    EXPECT_TRUE(run_loop(kLoops, /*meet=*/true)) << "the released thread never took a chunk";
+  }
+  for (int i = 0; i < (kLoops + 1) * kItems; ++i) {
+    ASSERT_EQ(hits[i].load(), 1) << "loop " << i / kItems << " item " << i % kItems;
   }
 }
 
