@@ -15,8 +15,6 @@
 namespace tandem::worker {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
@@ -385,11 +383,16 @@ void WorkerServer::OutputLoop(SchedulerLink* link) {
     std::fprintf(stderr, "tandem-worker %d: output thread: %s\n", options_.rank, std::string(s.message()).c_str());
   }
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_output_ || !outbox_.empty(); };
+  auto next_stats = Clock::now() + std::chrono::milliseconds(500);
   for (;;) {
+    if (Clock::now() >= next_stats) {
+      link->Send(StatsMessage());
+      next_stats = Clock::now() + std::chrono::milliseconds(500);
+    }
     Outgoing item;
     {
       absl::MutexLock lock(&out_mu_);
-      out_mu_.Await(absl::Condition(&woken));
+      if (!out_mu_.AwaitWithTimeout(absl::Condition(&woken), absl::FromChrono(next_stats - Clock::now()))) continue;
       // Stopping: the scheduler is gone. What is left is dropped (a
       // StepOutput's destructor waits for its copies).
       if (stop_output_) return;
@@ -425,6 +428,51 @@ void WorkerServer::Send(SchedulerLink* link, Outgoing item) {
   link->Send(result);
 }
 
+bool WorkerServer::Pop(v1::SchedulerMessage* message, std::string* gone) {
+  auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return disconnected_ || !inbox_.empty(); };
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&news));
+  if (disconnected_) {
+    *gone = disconnect_reason_;
+    return false;
+  }
+  *message = std::move(inbox_.front());
+  inbox_.pop_front();
+  return true;
+}
+
+void WorkerServer::BeginWait() {
+  const bool counted = running();
+  absl::MutexLock lock(&stats_mu_);
+  if (counted) waiting_since_ = Clock::now();
+}
+
+void WorkerServer::EndWait() {
+  absl::MutexLock lock(&stats_mu_);
+  if (waiting_since_) idle_seconds_ += Seconds(Clock::now() - *waiting_since_);
+  waiting_since_.reset();
+}
+
+void WorkerServer::AddBusy(Clock::time_point work_start) {
+  if (!running()) return;
+  const double busy = Seconds(Clock::now() - work_start);
+  absl::MutexLock lock(&stats_mu_);
+  busy_seconds_ += busy;
+  reported_steps_ = steps_;
+}
+
+v1::WorkerMessage WorkerServer::StatsMessage() {
+  v1::WorkerMessage stats;
+  stats.mutable_stats()->set_rank(options_.rank);
+  absl::MutexLock lock(&stats_mu_);
+  // The wait under way counts as far as it has gone.
+  const double waiting = waiting_since_ ? Seconds(Clock::now() - *waiting_since_) : 0;
+  stats.mutable_stats()->set_busy_seconds(busy_seconds_);
+  stats.mutable_stats()->set_idle_seconds(idle_seconds_ + waiting);
+  stats.mutable_stats()->set_steps(reported_steps_);
+  return stats;
+}
+
 absl::Status WorkerServer::Run(SchedulerLink* link) {
   v1::WorkerMessage hello;
   *hello.mutable_register_() = Registration();
@@ -434,48 +482,23 @@ absl::Status WorkerServer::Run(SchedulerLink* link) {
     stop_output_ = false;
   }
   output_thread_ = std::thread([this, link] { OutputLoop(link); });
-  auto stop_output = [this] {
-    {
-      absl::MutexLock lock(&out_mu_);
-      stop_output_ = true;
-    }
-    output_thread_.join();
-  };
-  auto next_stats = Clock::now() + std::chrono::milliseconds(500);
-  auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return disconnected_ || !inbox_.empty(); };
   for (;;) {
     v1::SchedulerMessage message;
-    std::optional<std::string> gone;  // why the scheduler went away
-    const auto wait_start = Clock::now();
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&news), absl::FromChrono(next_stats - wait_start));
-      if (disconnected_) {
-        gone = disconnect_reason_;
-      } else if (!inbox_.empty()) {
-        message = std::move(inbox_.front());
-        inbox_.pop_front();
+    std::string gone;  // why the scheduler went away
+    BeginWait();
+    const bool got = link->pulls() ? link->Receive(&message, &gone) : Pop(&message, &gone);
+    EndWait();
+    if (!got) {
+      {
+        absl::MutexLock lock(&out_mu_);
+        stop_output_ = true;
       }
-    }
-    if (gone) {
-      stop_output();
-      return absl::UnavailableError(*gone);
+      output_thread_.join();
+      return absl::UnavailableError(gone);
     }
     const auto work_start = Clock::now();
-    if (running()) idle_seconds_ += Seconds(work_start - wait_start);
-    if (message.kind_case() != v1::SchedulerMessage::KIND_NOT_SET) {
-      Process(message, link);
-      if (running()) busy_seconds_ += Seconds(Clock::now() - work_start);
-    }
-    if (Clock::now() >= next_stats) {
-      v1::WorkerMessage stats;
-      stats.mutable_stats()->set_rank(options_.rank);
-      stats.mutable_stats()->set_busy_seconds(busy_seconds_);
-      stats.mutable_stats()->set_idle_seconds(idle_seconds_);
-      stats.mutable_stats()->set_steps(steps_);
-      link->Send(stats);
-      next_stats = Clock::now() + std::chrono::milliseconds(500);
-    }
+    Process(message, link);
+    AddBusy(work_start);
   }
 }
 

@@ -27,13 +27,14 @@
 // are ignored). Runner state stays on the compute thread (model_runner.h).
 //
 // The compute thread also measures how long it waits between steps while
-// configured (idle) and how long it works (busy), and reports both twice a
-// second.
+// configured (idle) and how long it works (busy); the output thread reports
+// both twice a second (the compute thread may be blocked in a read).
 //
 // Thread-safe: OnMessage and OnDisconnected from any thread; Run on one.
 #ifndef TANDEM_WORKER_SERVER_WORKER_SERVER_H_
 #define TANDEM_WORKER_SERVER_WORKER_SERVER_H_
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -56,6 +57,8 @@
 #include "worker/server/fake_stage_runner.h"
 
 namespace tandem::worker {
+
+using Clock = std::chrono::steady_clock;
 
 struct WorkerOptions {
   std::string model_path;
@@ -86,11 +89,17 @@ struct WorkerOptions {
 };
 
 // The worker's end of the control stream. Send must be thread-safe (the
-// compute thread and the output thread both send).
+// compute thread and the output thread both send). A link either pushes what
+// arrives through WorkerServer::OnMessage (from its own threads), or pulls:
+// Run's thread reads each message itself with Receive, which blocks until one
+// arrives (true) or the stream ends (false, with the reason): no hop to
+// another thread between the socket and the step (gRPC's synchronous API).
 class SchedulerLink {
  public:
   virtual ~SchedulerLink() = default;
   virtual void Send(const v1::WorkerMessage& message) = 0;
+  virtual bool pulls() const { return false; }
+  virtual bool Receive(v1::SchedulerMessage* message, std::string* reason) { return false; }
 };
 
 class WorkerServer {
@@ -152,6 +161,14 @@ class WorkerServer {
   void Send(SchedulerLink* link, Outgoing item) ABSL_LOCKS_EXCLUDED(out_mu_);
   // The output thread's loop; returns once stop_output_ is set.
   void OutputLoop(SchedulerLink* link) ABSL_LOCKS_EXCLUDED(out_mu_);
+  // The next message from the inbox (a pushing link), or false with the reason
+  // the scheduler went away.
+  bool Pop(v1::SchedulerMessage* message, std::string* gone) ABSL_LOCKS_EXCLUDED(mu_);
+  // The compute thread's accounting around a wait and a message's work.
+  void BeginWait() ABSL_LOCKS_EXCLUDED(stats_mu_);
+  void EndWait() ABSL_LOCKS_EXCLUDED(stats_mu_);
+  void AddBusy(Clock::time_point work_start) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  v1::WorkerMessage StatsMessage() ABSL_LOCKS_EXCLUDED(stats_mu_);
   void SendError(SchedulerLink* link, int64_t epoch, uint64_t step_seq, const absl::Status& status);
 
   const WorkerOptions options_;
@@ -172,9 +189,15 @@ class WorkerServer {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<FakeStageRunner> fake_;  // instead of runner_ with --fake-model
   wire::StepDiffState diff_;  // the executes of this epoch
-  double busy_seconds_ = 0;
-  double idle_seconds_ = 0;
   int64_t steps_ = 0;
+
+  // Busy and idle time, kept by the compute thread, reported by the output thread.
+  absl::Mutex stats_mu_;
+  double busy_seconds_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  double idle_seconds_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t reported_steps_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  // When the compute thread began waiting for a message while configured.
+  std::optional<Clock::time_point> waiting_since_ ABSL_GUARDED_BY(stats_mu_);
 
   // The inbox, shared with the transport threads.
   absl::Mutex mu_;

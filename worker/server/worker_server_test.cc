@@ -6,6 +6,8 @@
 // ConfigureGroup.
 #include "worker/server/worker_server.h"
 
+#include <algorithm>
+#include <deque>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -306,6 +308,96 @@ TEST_F(WorkerServerTest, AComputeErrorFollowsTheOutputsBeforeIt) {
   EXPECT_EQ(errors[0].error().step_seq(), 2u);
   EXPECT_THAT(errors[0].error().message(), HasSubstr("the worker computed 5 tokens, the scheduler says 4"));
   EXPECT_EQ(link_.CountOf(v1::WorkerMessage::kResult), 1u);  // step 1's result went first
+}
+
+// A link that pulls, as the gRPC one does: Run's thread blocks in Receive.
+class PullingLink : public SchedulerLink {
+ public:
+  void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    sent_.push_back(message);
+  }
+  bool pulls() const override { return true; }
+  bool Receive(v1::SchedulerMessage* message, std::string* reason) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ || !inbox_.empty(); };
+    mu_.Await(absl::Condition(&news));
+    if (inbox_.empty()) {
+      *reason = "the link ended";
+      return false;
+    }
+    *message = std::move(inbox_.front());
+    inbox_.pop_front();
+    return true;
+  }
+  void Push(v1::SchedulerMessage message) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    inbox_.push_back(std::move(message));
+  }
+  void End() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  }
+  // What was sent of `kind` once there are at least `n` (what there is after 10 s).
+  std::vector<v1::WorkerMessage> Await(v1::WorkerMessage::KindCase kind, size_t n) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<size_t>(std::count_if(sent_.begin(), sent_.end(),
+                                               [&](const v1::WorkerMessage& m) { return m.kind_case() == kind; })) >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    std::vector<v1::WorkerMessage> out;
+    for (const auto& m : sent_) {
+      if (m.kind_case() == kind) out.push_back(m);
+    }
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<v1::SchedulerMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::WorkerMessage> sent_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(WorkerServerPullTest, RunsStepsReadOnItsOwnThreadAndReportsIdleTimeWhileBlockedInARead) {
+  WorkerOptions options;
+  options.model_path = TinyModel();
+  options.kv_cache_bytes = int64_t{4} << 20;
+  auto server = WorkerServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  PullingLink link;
+  absl::Status run_status;
+  std::thread run([&] { run_status = (*server)->Run(&link); });
+  link.Push(Configure(1));
+  link.Push(Connect(1));
+  link.Push(Execute(1));
+  link.Push(Sample(1));
+  const auto results = link.Await(v1::WorkerMessage::kResult, 1);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].result().output().step_seq(), 1u);
+  EXPECT_EQ(results[0].result().output().sampled_token_ids(0), [] {
+    // The same step run alone (greedy): the token the worker must have sampled.
+    auto file = gguf::OpenModelFile(TinyModel());
+    CpuBackend cpu(1);
+    auto config = gguf::ReadLlamaConfig(**file);
+    auto model = LlamaModel::Load(**file, *config, &cpu, {});
+    EXPECT_TRUE((*model)->AllocateKvCache(8, 16).ok());
+    ModelRunner runner(&cpu, model->get(), ModelRunnerOptions{16, 1});
+    EXPECT_TRUE(runner.Execute(Execute(1).execute()).ok());
+    EXPECT_TRUE(runner.Sample(Sample(1).sample()).ok());
+    return runner.CollectOutput(1)->sampled_token_ids(0);
+  }());
+  // Nothing more arrives, so the compute thread stays in Receive; the
+  // reports still come, and the wait under way counts as idle.
+  const size_t before = link.Await(v1::WorkerMessage::kStats, 0).size();
+  const auto stats = link.Await(v1::WorkerMessage::kStats, before + 2);
+  ASSERT_GE(stats.size(), before + 2);
+  EXPECT_EQ(stats.back().stats().steps(), 1);
+  EXPECT_GT(stats.back().stats().idle_seconds(), stats[stats.size() - 2].stats().idle_seconds());
+  link.End();
+  run.join();
+  EXPECT_THAT(std::string(run_status.message()), HasSubstr("the link ended"));
 }
 
 TEST(WorkerServerRegistrationTest, NamesItsBackendAndDevice) {

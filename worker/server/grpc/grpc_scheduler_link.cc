@@ -2,55 +2,45 @@
 
 namespace tandem::worker {
 
-GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server,
-                                     std::function<void(bool)> on_group)
-    : server_(server), on_group_(std::move(on_group)) {
+GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, std::function<void(bool)> on_group)
+    : on_group_(std::move(on_group)) {
   context_.set_wait_for_ready(true);
-  stub->async()->Session(&context_, this);
-  StartRead(&in_);
-  StartCall();
+  // The headers go with the first message (the registration): creating the
+  // stream does not block until the scheduler is up.
+  context_.set_initial_metadata_corked(true);
+  stream_ = stub->Session(&context_);
 }
 
 void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
-  absl::MutexLock lock(&mu_);
-  if (done_) return;
-  out_.push_back(message);
-  if (!writing_) {
-    writing_ = true;
-    StartWrite(&out_.front());
+  absl::MutexLock lock(&write_mu_);
+  if (closed_) return;
+  // A failed write means the stream is gone: the reader sees it end.
+  if (!stream_->Write(message)) closed_ = true;
+}
+
+bool GrpcSchedulerLink::Receive(v1::SchedulerMessage* message, std::string* reason) {
+  if (stream_->Read(message)) {
+    if (!heard_ && on_group_) on_group_(true);
+    heard_ = true;
+    return true;
   }
-}
-
-void GrpcSchedulerLink::OnReadDone(bool ok) {
-  if (!ok) return;  // the stream is ending; OnDone follows
-  if (!heard_ && on_group_) on_group_(true);
-  heard_ = true;
-  server_->OnMessage(std::move(in_));
-  in_.Clear();
-  StartRead(&in_);
-}
-
-void GrpcSchedulerLink::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  out_.pop_front();
-  if (ok && !out_.empty()) {
-    StartWrite(&out_.front());
-  } else {
-    writing_ = false;
-  }
-}
-
-void GrpcSchedulerLink::OnDone(const grpc::Status& status) {
+  *reason = Finish();
   if (on_group_) on_group_(false);
-  server_->OnDisconnected(status.ok() ? "the scheduler closed the stream" : status.error_message());
-  absl::MutexLock lock(&mu_);
-  done_ = true;  // wakes Shutdown's Await
+  return false;
+}
+
+std::string GrpcSchedulerLink::Finish() {
+  absl::MutexLock lock(&write_mu_);
+  if (finished_) return "the stream was shut down";
+  closed_ = true;
+  finished_ = true;
+  const grpc::Status status = stream_->Finish();
+  return status.ok() ? "the scheduler closed the stream" : status.error_message();
 }
 
 void GrpcSchedulerLink::Shutdown() {
   context_.TryCancel();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&done_));
+  Finish();
 }
 
 }  // namespace tandem::worker

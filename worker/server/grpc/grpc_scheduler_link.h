@@ -1,14 +1,19 @@
 // GrpcSchedulerLink: the worker's end of its control stream to the
-// scheduler, a ClientBidiReactor. Reads go to the WorkerServer's inbox;
-// Send queues writes and sends them one at a time. The call waits for the
-// scheduler to come up (wait_for_ready), so workers may start first.
+// scheduler, on gRPC's synchronous API. The compute thread reads each message
+// itself (Receive: a synchronous Read polls the call's completion queue on the
+// calling thread), so a step reaches the thread that runs it without a hop
+// through a gRPC callback thread and a wake; Send writes on the sending thread
+// (the compute thread or the output thread, one at a time). The call waits for
+// the scheduler to come up (wait_for_ready), so workers may start first.
 //
-// Thread-safe: Send from any thread; reactions only enqueue.
+// Thread-safe: Send from any thread; Receive from one thread at a time;
+// Shutdown once, after the reader has stopped.
 #ifndef TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 #define TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 
-#include <deque>
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -17,34 +22,31 @@
 
 namespace tandem::worker {
 
-class GrpcSchedulerLink : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>,
-                          public SchedulerLink {
+class GrpcSchedulerLink : public SchedulerLink {
  public:
-  // `server` must outlive the link. `on_group` (optional, called on gRPC's
-  // threads) hears true at the scheduler's first message on the stream (the
-  // group is formed) and false when the stream ends: the health service's
-  // state.
-  GrpcSchedulerLink(v1::WorkerControl::Stub* stub, WorkerServer* server,
-                    std::function<void(bool in_group)> on_group = nullptr);
+  // `on_group` (optional, called on the reading thread) hears true at the
+  // scheduler's first message on the stream (the group is formed) and false
+  // when the stream ends: the health service's state.
+  GrpcSchedulerLink(v1::WorkerControl::Stub* stub, std::function<void(bool in_group)> on_group = nullptr);
 
-  void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends the call and waits until gRPC is done with this reactor.
-  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
-
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
-  void OnDone(const grpc::Status& status) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(write_mu_);
+  bool pulls() const override { return true; }
+  bool Receive(v1::SchedulerMessage* message, std::string* reason) override ABSL_LOCKS_EXCLUDED(write_mu_);
+  // Ends the call (if Receive has not seen it end) and waits for its status.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(write_mu_);
 
  private:
-  WorkerServer* const server_;
+  // Stops writes, then takes the call's status: no write is in flight while
+  // Finish runs. The reason in words.
+  std::string Finish() ABSL_LOCKS_EXCLUDED(write_mu_);
+
   const std::function<void(bool)> on_group_;
-  bool heard_ = false;  // reads are sequential: only OnReadDone touches it
+  bool heard_ = false;  // Receive only
   grpc::ClientContext context_;
-  v1::SchedulerMessage in_;
-  absl::Mutex mu_;
-  std::deque<v1::WorkerMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>> stream_;
+  absl::Mutex write_mu_;
+  bool closed_ ABSL_GUARDED_BY(write_mu_) = false;  // no more writes: finished, or a write failed
+  bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
 };
 
 }  // namespace tandem::worker

@@ -1,20 +1,25 @@
 #include "worker/server/grpc/scheduler_dial.h"
 
 #include <chrono>
+#include <memory>
 
+#include <grpcpp/completion_queue.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 
 namespace tandem::worker {
 namespace {
 
 // One Check, failing at once (no wait_for_ready) when the channel cannot
-// connect; gRPC puts the last connection error in the message.
+// connect; gRPC puts the last connection error in the message. On a
+// completion queue of its own, not the callback API: a callback call starts
+// gRPC's callback pollers, which would then poll the control stream's socket
+// for the rest of the process and hand every step to the compute thread
+// through a wake (grpc_scheduler_link.h reads on the compute thread).
 grpc::Status CheckOnce(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
@@ -23,13 +28,17 @@ grpc::Status CheckOnce(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
   grpc::Status status;
-  absl::Notification done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
+  grpc::CompletionQueue queue;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &queue);
+  call->StartCall();
+  call->Finish(&response, &status, &queue);
+  void* tag = nullptr;
+  bool ok = false;
+  queue.Next(&tag, &ok);  // the deadline bounds it
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
   return status;
 }
 
