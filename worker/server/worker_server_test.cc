@@ -189,15 +189,40 @@ v1::SchedulerMessage Sample(uint64_t seq) {
   return m;
 }
 
+// The sampled tokens of a plain run of the same steps, waiting for each
+// copy on the caller's thread.
+std::vector<TokenId> Reference(int steps) {
+  auto file = gguf::OpenModelFile(TinyModel());
+  CpuBackend cpu(1);
+  auto config = gguf::ReadLlamaConfig(**file);
+  auto model = LlamaModel::Load(**file, *config, &cpu, {});
+  EXPECT_TRUE((*model)->AllocateKvCache(8, 16).ok());
+  ModelRunner runner(&cpu, model->get(), ModelRunnerOptions{16, 1});
+  std::vector<TokenId> tokens;
+  for (int k = 1; k <= steps; ++k) {
+    EXPECT_TRUE(runner.Execute(Execute(k).execute()).ok());
+    EXPECT_TRUE(runner.Sample(Sample(k).sample()).ok());
+    auto out = runner.CollectOutput(k);
+    EXPECT_TRUE(out.ok()) << out.status();
+    tokens.push_back(out->sampled_token_ids(0));
+  }
+  return tokens;
+}
+
+// A worker on the tiny model with a small KV cache.
+WorkerOptions TinyOptions() {
+  WorkerOptions options;
+  options.model_path = TinyModel();
+  options.kv_cache_bytes = int64_t{4} << 20;
+  return options;
+}
+
 class WorkerServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    WorkerOptions options;
-    options.model_path = TinyModel();
-    options.kv_cache_bytes = int64_t{4} << 20;
     auto backend = std::make_unique<GatedBackend>(&gate_);
     backend_ = backend.get();
-    auto server = WorkerServer::Create(options, std::move(backend));
+    auto server = WorkerServer::Create(TinyOptions(), std::move(backend));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
     run_ = std::thread([this] { run_status_ = server_->Run(&link_); });
@@ -214,28 +239,6 @@ class WorkerServerTest : public ::testing::Test {
     server_->OnMessage(Connect(epoch));
     ASSERT_EQ(link_.Await(v1::WorkerMessage::kReady, epoch).size(), static_cast<size_t>(epoch));
   }
-  // The sampled tokens of a plain run of the same steps, waiting for each
-  // copy on the caller's thread.
-  std::vector<TokenId> Reference(int steps) {
-    WorkerOptions options;
-    options.model_path = TinyModel();
-    auto file = gguf::OpenModelFile(TinyModel());
-    CpuBackend cpu(1);
-    auto config = gguf::ReadLlamaConfig(**file);
-    auto model = LlamaModel::Load(**file, *config, &cpu, {});
-    EXPECT_TRUE((*model)->AllocateKvCache(8, 16).ok());
-    ModelRunner runner(&cpu, model->get(), ModelRunnerOptions{16, 1});
-    std::vector<TokenId> tokens;
-    for (int k = 1; k <= steps; ++k) {
-      EXPECT_TRUE(runner.Execute(Execute(k).execute()).ok());
-      EXPECT_TRUE(runner.Sample(Sample(k).sample()).ok());
-      auto out = runner.CollectOutput(k);
-      EXPECT_TRUE(out.ok()) << out.status();
-      tokens.push_back(out->sampled_token_ids(0));
-    }
-    return tokens;
-  }
-
   Gate gate_;
   GatedBackend* backend_ = nullptr;
   RecordingLink link_;
@@ -361,10 +364,7 @@ class PullingLink : public SchedulerLink {
 };
 
 TEST(WorkerServerPullTest, RunsStepsReadOnItsOwnThreadAndReportsIdleTimeWhileBlockedInARead) {
-  WorkerOptions options;
-  options.model_path = TinyModel();
-  options.kv_cache_bytes = int64_t{4} << 20;
-  auto server = WorkerServer::Create(options);
+  auto server = WorkerServer::Create(TinyOptions());
   ASSERT_TRUE(server.ok()) << server.status();
   PullingLink link;
   absl::Status run_status;
@@ -376,18 +376,7 @@ TEST(WorkerServerPullTest, RunsStepsReadOnItsOwnThreadAndReportsIdleTimeWhileBlo
   const auto results = link.Await(v1::WorkerMessage::kResult, 1);
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].result().output().step_seq(), 1u);
-  EXPECT_EQ(results[0].result().output().sampled_token_ids(0), [] {
-    // The same step run alone (greedy): the token the worker must have sampled.
-    auto file = gguf::OpenModelFile(TinyModel());
-    CpuBackend cpu(1);
-    auto config = gguf::ReadLlamaConfig(**file);
-    auto model = LlamaModel::Load(**file, *config, &cpu, {});
-    EXPECT_TRUE((*model)->AllocateKvCache(8, 16).ok());
-    ModelRunner runner(&cpu, model->get(), ModelRunnerOptions{16, 1});
-    EXPECT_TRUE(runner.Execute(Execute(1).execute()).ok());
-    EXPECT_TRUE(runner.Sample(Sample(1).sample()).ok());
-    return runner.CollectOutput(1)->sampled_token_ids(0);
-  }());
+  EXPECT_EQ(results[0].result().output().sampled_token_ids(0), Reference(1)[0]);
   // Nothing more arrives, so the compute thread stays in Receive; the
   // reports still come, and the wait under way counts as idle.
   const size_t before = link.Await(v1::WorkerMessage::kStats, 0).size();
@@ -401,10 +390,7 @@ TEST(WorkerServerPullTest, RunsStepsReadOnItsOwnThreadAndReportsIdleTimeWhileBlo
 }
 
 TEST(WorkerServerRegistrationTest, NamesItsBackendAndDevice) {
-  WorkerOptions options;
-  options.model_path = TinyModel();
-  options.kv_cache_bytes = int64_t{4} << 20;
-  auto server = WorkerServer::Create(options);
+  auto server = WorkerServer::Create(TinyOptions());
   ASSERT_TRUE(server.ok()) << server.status();
   const v1::RegisterWorker r = (*server)->Registration();
   EXPECT_EQ(r.backend(), "cpu");
