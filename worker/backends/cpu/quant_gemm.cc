@@ -208,6 +208,65 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   }
 }
 
+// ---------------------------------------------------------------- AVX2, one row
+
+// y[0][j] (+)= dot(x row i0, w row j) for j < 4: TileAvx2<kType, 1, 4> in one
+// pass over the blocks, for a decode's GEMV. With one row of x there are
+// registers to spare: the x block is loaded once, the four d_w * d_x are one
+// vector whose lanes are broadcast in registers (TileAvx2 stores them and
+// reads them back), and Q4_1's min term is accumulated in the same pass
+// instead of a second walk over the blocks. The same fma per lane and block,
+// the same min term and lane sums as TileAvx2, so the same bits.
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) void GemvTileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
+                                                       int64_t row_bytes, float* y, bool accumulate) {
+  constexpr int NR = 4;
+  constexpr int64_t kBytes = kBlockBytes<kType>;
+  constexpr bool kSigned = kType != portable::kGgmlQ4_1;
+  const int64_t k = x.k;
+  const int64_t nb = k / kBlock;
+  const int8_t* xq = x.q.data() + i0 * k;
+  const float* xd = x.d.data() + i0 * nb;
+  const float* xs = x.s.data() + i0 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NR];
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) acc[j] = _mm256_setzero_ps();
+  __m128 min = _mm_setzero_ps();
+  // Prefetch as TileAvx2 does: the rows two groups ahead, spread over the blocks.
+  const uint8_t* ahead = w + 2 * NR * row_bytes;
+  const int64_t ahead_step = (NR * row_bytes + nb - 1) / nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t off = b * ahead_step; off < (b + 1) * ahead_step; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+    }
+    const uint8_t* block = w + b * kBytes;
+    const __m256 scales =
+        _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(LoadHalves<NR>(block, row_bytes)), _mm_set1_ps(xd[b])));
+    if constexpr (kType == portable::kGgmlQ4_1) {
+      min = _mm_fmadd_ps(_mm_cvtph_ps(LoadHalves<NR>(block + 2, row_bytes)), _mm_set1_ps(xs[b]), min);
+    }
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const __m256i wv = LoadWeights<kType>(block + j * row_bytes);
+      const __m256i wabs = kSigned ? _mm256_sign_epi8(wv, wv) : wv;
+      const __m256i xsigned = kSigned ? _mm256_sign_epi8(xv, wv) : xv;
+      const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsigned), ones);
+      const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(j));
+      acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p32), acc[j]);
+    }
+  }
+  // The four lane sums at once in SumLanes' order, as PackedTileAvx2.
+  __m128 h[NR];
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) h[j] = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+  _MM_TRANSPOSE4_PS(h[0], h[1], h[2], h[3]);
+  __m128 v = _mm_add_ps(_mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3])), min);
+  if (accumulate) v = _mm_add_ps(_mm_loadu_ps(y), v);
+  _mm_storeu_ps(y, v);
+}
+
 // ---------------------------------------------------------------- AVX2, many rows
 
 // NR weight rows unpacked once for every tile of a chunk of x rows (a tile
@@ -357,7 +416,7 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
       for (; i + kMR <= c_end; i += kMR) {
         TileAvx2<kType, kMR, kNR>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
       }
-      for (; i < c_end; ++i) TileAvx2<kType, 1, kNR>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
+      for (; i < c_end; ++i) GemvTileAvx2<kType>(x, i, wj, row_bytes, y + i * ldy + j, accumulate);
     }
     for (; j < rows; ++j) {
       const uint8_t* wj = w + j * row_bytes;
