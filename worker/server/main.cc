@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto stub = tandem::v1::WorkerControl::NewStub(channel);
-  tandem::worker::GrpcSchedulerLink link(stub.get(), [&health](bool in_group) {
+  tandem::worker::GrpcSchedulerLink link(channel, stub.get(), [&health](bool in_group) {
     if (health) health->SetServing("", in_group);
   });
   const absl::Status status = (*server)->Run(&link);

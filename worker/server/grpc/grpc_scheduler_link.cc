@@ -1,15 +1,24 @@
 #include "worker/server/grpc/grpc_scheduler_link.h"
 
+#include <chrono>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/completion_queue.h>
+
 namespace tandem::worker {
 
-GrpcSchedulerLink::GrpcSchedulerLink(v1::WorkerControl::Stub* stub, std::function<void(bool)> on_group)
+GrpcSchedulerLink::GrpcSchedulerLink(std::shared_ptr<grpc::Channel> channel, v1::WorkerControl::Stub* stub,
+                                     std::function<void(bool)> on_group)
     : on_group_(std::move(on_group)) {
   context_.set_wait_for_ready(true);
   // The headers go with the first message (the registration): creating the
   // stream does not block until the scheduler is up.
   context_.set_initial_metadata_corked(true);
   stream_ = stub->Session(&context_);
+  keeper_ = std::thread([this, channel = std::move(channel)]() mutable { KeepPolled(std::move(channel)); });
 }
+
+GrpcSchedulerLink::~GrpcSchedulerLink() { StopKeeper(); }
 
 void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
   absl::MutexLock lock(&write_mu_);
@@ -19,7 +28,17 @@ void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
 }
 
 bool GrpcSchedulerLink::Receive(v1::SchedulerMessage* message, std::string* reason) {
-  if (stream_->Read(message)) {
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    reading_ = true;
+  }
+  const bool read = stream_->Read(message);
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    reading_ = false;
+    left_ = absl::Now();
+  }
+  if (read) {
     if (!heard_ && on_group_) on_group_(true);
     heard_ = true;
     return true;
@@ -39,8 +58,66 @@ std::string GrpcSchedulerLink::Finish() {
 }
 
 void GrpcSchedulerLink::Shutdown() {
+  StopKeeper();
   context_.TryCancel();
   Finish();
+}
+
+void GrpcSchedulerLink::StopKeeper() {
+  {
+    absl::MutexLock lock(&keeper_mu_);
+    stop_keeper_ = true;
+  }
+  if (keeper_.joinable()) keeper_.join();
+}
+
+bool GrpcSchedulerLink::AwaitReaderAway() {
+  absl::MutexLock lock(&keeper_mu_);
+  for (;;) {
+    if (stop_keeper_) return false;
+    if (!reading_ && absl::Now() >= left_ + kAway) return true;
+    // Woken when the reader enters or leaves the stream, or at the time it
+    // would have been away long enough.
+    const bool was_reading = reading_;
+    const absl::Time was_left = left_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_) {
+      return stop_keeper_ || reading_ != was_reading || left_ != was_left;
+    };
+    if (reading_) {
+      keeper_mu_.Await(absl::Condition(&changed));
+    } else {
+      keeper_mu_.AwaitWithTimeout(absl::Condition(&changed), left_ + kAway - absl::Now());
+    }
+  }
+}
+
+void GrpcSchedulerLink::KeepPolled(std::shared_ptr<grpc::Channel> channel) {
+  grpc::CompletionQueue queue;
+  // A connectivity watch pending on the queue ties its poll set to the
+  // channel's sockets (gRPC's poll engine; under epoll1 any poll polls them
+  // all). Short deadlines, so that stopping never waits long for it.
+  constexpr auto kWatch = std::chrono::milliseconds(200);
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  int watch_tag = 0;
+  bool watching = false;
+  while (AwaitReaderAway()) {
+    if (!watching) {
+      channel->NotifyOnStateChange(channel->GetState(false), std::chrono::system_clock::now() + kWatch, &queue,
+                                   &watch_tag);
+      watching = true;
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    if (queue.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kSlice) ==
+        grpc::CompletionQueue::GOT_EVENT) {
+      watching = false;
+    }
+  }
+  queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace tandem::worker
