@@ -27,17 +27,18 @@ void GrpcSchedulerLink::Send(const v1::WorkerMessage& message) {
   if (!stream_->Write(message)) closed_ = true;
 }
 
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 bool GrpcSchedulerLink::Receive(v1::SchedulerMessage* message, std::string* reason) {
-  {
-    absl::MutexLock lock(&keeper_mu_);
-    reading_ = true;
-  }
+  reading_.store(true, std::memory_order_relaxed);
   const bool read = stream_->Read(message);
-  {
-    absl::MutexLock lock(&keeper_mu_);
-    reading_ = false;
-    left_ = absl::Now();
-  }
+  left_ns_.store(NowNs(), std::memory_order_relaxed);
+  reading_.store(false, std::memory_order_relaxed);
   if (read) {
     if (!heard_ && on_group_) on_group_(true);
     heard_ = true;
@@ -72,22 +73,15 @@ void GrpcSchedulerLink::StopKeeper() {
 }
 
 bool GrpcSchedulerLink::AwaitReaderAway() {
-  absl::MutexLock lock(&keeper_mu_);
   for (;;) {
-    if (stop_keeper_) return false;
-    if (!reading_ && absl::Now() >= left_ + kAway) return true;
-    // Woken when the reader enters or leaves the stream, or at the time it
-    // would have been away long enough.
-    const bool was_reading = reading_;
-    const absl::Time was_left = left_;
-    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(keeper_mu_) {
-      return stop_keeper_ || reading_ != was_reading || left_ != was_left;
-    };
-    if (reading_) {
-      keeper_mu_.Await(absl::Condition(&changed));
-    } else {
-      keeper_mu_.AwaitWithTimeout(absl::Condition(&changed), left_ + kAway - absl::Now());
+    if (!reading_.load(std::memory_order_relaxed) &&
+        NowNs() - left_ns_.load(std::memory_order_relaxed) >= absl::ToInt64Nanoseconds(kAway)) {
+      absl::MutexLock lock(&keeper_mu_);
+      return !stop_keeper_;
     }
+    absl::MutexLock lock(&keeper_mu_);
+    keeper_mu_.AwaitWithTimeout(absl::Condition(&stop_keeper_), kTick);
+    if (stop_keeper_) return false;
   }
 }
 

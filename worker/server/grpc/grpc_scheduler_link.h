@@ -18,6 +18,8 @@
 #ifndef TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 #define TANDEM_WORKER_SERVER_GRPC_GRPC_SCHEDULER_LINK_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,6 +38,7 @@ class GrpcSchedulerLink : public SchedulerLink {
   // Polling starts this long after the reader left the stream: far below
   // the 2 s ping timeout, far above a step the control plane should run.
   static constexpr absl::Duration kAway = absl::Milliseconds(250);
+  static constexpr absl::Duration kTick = absl::Milliseconds(100);
 
   // `stub` is on `channel`. `on_group` (optional, called on the reading
   // thread) hears true at the scheduler's first message on the stream (the
@@ -47,8 +50,7 @@ class GrpcSchedulerLink : public SchedulerLink {
 
   void Send(const v1::WorkerMessage& message) override ABSL_LOCKS_EXCLUDED(write_mu_);
   bool pulls() const override { return true; }
-  bool Receive(v1::SchedulerMessage* message, std::string* reason) override
-      ABSL_LOCKS_EXCLUDED(write_mu_, keeper_mu_);
+  bool Receive(v1::SchedulerMessage* message, std::string* reason) override ABSL_LOCKS_EXCLUDED(write_mu_);
   // Ends the call (if Receive has not seen it end) and waits for its status.
   void Shutdown() ABSL_LOCKS_EXCLUDED(write_mu_, keeper_mu_);
 
@@ -58,6 +60,8 @@ class GrpcSchedulerLink : public SchedulerLink {
   std::string Finish() ABSL_LOCKS_EXCLUDED(write_mu_);
   // The keeper thread's loop, and its wait for the reader to stay away.
   void KeepPolled(std::shared_ptr<grpc::Channel> channel) ABSL_LOCKS_EXCLUDED(keeper_mu_);
+  // Waits until the reader has been away from the stream kAway (true) or
+  // the link stops (false).
   bool AwaitReaderAway() ABSL_LOCKS_EXCLUDED(keeper_mu_);
   void StopKeeper() ABSL_LOCKS_EXCLUDED(keeper_mu_);
 
@@ -69,9 +73,11 @@ class GrpcSchedulerLink : public SchedulerLink {
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;  // no more writes: finished, or a write failed
   bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
 
+  // Where the reader is, for the keeper, which looks every kTick: atomics,
+  // so that a step's read wakes nobody.
+  std::atomic<bool> reading_{false};
+  std::atomic<int64_t> left_ns_{0};  // steady clock, when the reader last left the stream
   absl::Mutex keeper_mu_;
-  bool reading_ ABSL_GUARDED_BY(keeper_mu_) = false;
-  absl::Time left_ ABSL_GUARDED_BY(keeper_mu_) = absl::Now();  // when the reader last left the stream
   bool stop_keeper_ ABSL_GUARDED_BY(keeper_mu_) = false;
   std::thread keeper_;
 };
