@@ -54,6 +54,15 @@
 #include "tandem/v1/worker_service.pb.h"
 #include "tools/cluster/local_cluster.h"
 
+// Callgrind's client requests when valgrind's headers are installed (they are
+// no-ops outside valgrind); a machine without them builds the bench unchanged.
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_ZERO_STATS
+#define CALLGRIND_DUMP_STATS_AT(name)
+#endif
+
 extern char** environ;
 
 namespace tandem::tools {
@@ -73,7 +82,8 @@ class WireMeter : public scheduler::StepObserver {
   explicit WireMeter(int32_t stages) : stages_(stages) {}
   void OnUpdated(const scheduler::EngineCore&, const scheduler::SchedulerOutput& step,
                  const scheduler::ModelRunnerOutput& result, absl::Span<const scheduler::RequestOutput>) override {
-    steps_.fetch_add(1, std::memory_order_relaxed);
+    const int64_t step_count = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+    CallgrindWindow(step_count);
     if (!measure_bytes.load(std::memory_order_relaxed) || step.scheduled.empty()) return;
     v1::SchedulerMessage execute;
     scheduler::EncodeSchedulerOutput(step, execute.mutable_execute());
@@ -91,6 +101,10 @@ class WireMeter : public scheduler::StepObserver {
     measured_.fetch_add(1, std::memory_order_release);
   }
   int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+  // Under callgrind: zero the counts at the next update and dump them `steps`
+  // updates later, both on the engine thread, so the dump holds exactly
+  // `steps` steps (outside valgrind the requests are no-ops).
+  void ArmCallgrind(int64_t steps) { callgrind_steps_.store(steps, std::memory_order_release); }
   int64_t measured() const { return measured_.load(std::memory_order_acquire); }
   // Per scheduled row; read after measured() stopped moving.
   double down_per_row() const { return rows_ ? double(down_bytes_) / rows_ : 0; }
@@ -99,7 +113,21 @@ class WireMeter : public scheduler::StepObserver {
   std::atomic<bool> measure_bytes{false};
 
  private:
+  void CallgrindWindow(int64_t step_count) {
+    const int64_t window = callgrind_steps_.load(std::memory_order_acquire);
+    if (window <= 0) return;
+    if (callgrind_from_ < 0) {
+      callgrind_from_ = step_count;
+      CALLGRIND_ZERO_STATS;
+    } else if (step_count == callgrind_from_ + window) {
+      CALLGRIND_DUMP_STATS_AT("control_plane_bench window");
+      callgrind_steps_.store(0, std::memory_order_relaxed);
+    }
+  }
+
   const int32_t stages_;
+  std::atomic<int64_t> callgrind_steps_{0};
+  int64_t callgrind_from_ = -1;
   wire::StepDiffState diff_;
   int64_t seen_ = 0;
   std::atomic<int64_t> steps_{0};
@@ -245,6 +273,7 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
                                             sink->finished.load(), " ended early; see the workers' logs in ",
                                             o.log_dir, ")"));
   }
+  meter.ArmCallgrind(o.steps);
   const int64_t steps0 = meter.steps();
   const auto wall0 = Clock::now();
   std::vector<double> cpu0 = {CpuSeconds(0)};
