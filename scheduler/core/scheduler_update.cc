@@ -56,6 +56,9 @@ void Scheduler::UpdateFromOutput(const SchedulerOutput& step, const ModelRunnerO
   DrainDeferredFrees();
 
   std::vector<std::pair<Request*, RequestStatus>> finished;
+  // At most one output a row: reserved once, not regrown (and every
+  // RequestOutput moved) as a decode batch's outputs are appended.
+  outputs->reserve(outputs->size() + step.scheduled.size());
   constexpr size_t kPrefetchAhead = 4;  // requests are scattered on the heap
   for (size_t row = 0; row < step.scheduled.size(); ++row) {
     if (row + kPrefetchAhead < step.scheduled.size()) {

@@ -80,8 +80,13 @@ void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out
   const CachedRequestData& cached = step.cached;
   v1::CachedRequests* c = out->mutable_cached_requests();
   c->mutable_request_ids()->Add(cached.request_ids.begin(), cached.request_ids.end());
+  // Sized once: appending a decode batch's rows one by one regrew each field
+  // several times a step.
+  const int num_cached = static_cast<int>(cached.size());
+  c->mutable_resumed()->Reserve(num_cached);
   for (uint8_t resumed : cached.resumed) c->add_resumed(resumed != 0);
   c->mutable_num_computed_tokens()->Add(cached.num_computed_tokens.begin(), cached.num_computed_tokens.end());
+  c->mutable_num_new_block_ids()->Reserve(num_cached);
   for (size_t i = 0; i < cached.size(); ++i) c->add_num_new_block_ids(static_cast<int32_t>(cached.NewBlocks(i).size()));
   c->mutable_new_block_ids()->Add(cached.new_block_ids.begin(), cached.new_block_ids.end());
   for (const CachedRequestData::Resumed& resumed : cached.resumed_requests) {
@@ -89,6 +94,8 @@ void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out
     EncodeSamplingParams(resumed.sampling, resumed.structured_output, c->add_resumed_sampling());
     c->add_resumed_num_prompt_tokens(resumed.num_prompt_tokens);
   }
+  out->mutable_scheduled_request_ids()->Reserve(static_cast<int>(step.scheduled.size()));
+  out->mutable_num_scheduled_tokens()->Reserve(static_cast<int>(step.scheduled.size()));
   for (const ScheduledRequest& row : step.scheduled) {
     out->add_scheduled_request_ids(row.id);
     out->add_num_scheduled_tokens(row.num_tokens);
