@@ -1,6 +1,7 @@
 #include "scheduler/wire/worker_group.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/wire/step_codec.h"
@@ -276,7 +277,7 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
 
 void WorkerGroup::FlushLocked() {
   if (!held_execute_) return;
-  if (state_ == State::kReady) members_.back()->link->Send(*held_execute_);
+  if (state_ == State::kReady) members_.back()->link->SendOwned(std::move(*held_execute_));
   held_execute_.reset();
 }
 
@@ -294,7 +295,7 @@ absl::Status WorkerGroup::Sample(StepSeq step_seq, const GrammarOutput* grammar)
     FlushLocked();
     EncodeSampleCommand(step_seq, grammar, message.mutable_sample());
   }
-  members_.back()->link->Send(message);  // only the last stage samples
+  members_.back()->link->SendOwned(std::move(message));  // only the last stage samples
   return absl::OkStatus();
 }
 

@@ -17,6 +17,9 @@ class WorkerLink {
  public:
   virtual ~WorkerLink() = default;
   virtual void Send(const v1::SchedulerMessage& message) = 0;
+  // Send for a message the caller no longer needs: a link that queues it
+  // takes it without a copy (a step's execute is the largest message).
+  virtual void SendOwned(v1::SchedulerMessage message) { Send(message); }
   // Ends the stream; the worker sees `reason`.
   virtual void Close(const std::string& reason) = 0;
   // The peer's address, for messages.

@@ -1,6 +1,7 @@
 #include "scheduler/server/grpc/grpc_worker_service.h"
 
 #include <deque>
+#include <utility>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -17,10 +18,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Sch
   }
 
   // --- WorkerLink (any thread; the group calls these under its lock) ---
-  void Send(const v1::SchedulerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_) {
+  void Send(const v1::SchedulerMessage& message) override ABSL_LOCKS_EXCLUDED(mu_) { SendOwned(message); }
+
+  void SendOwned(v1::SchedulerMessage message) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    out_.push_back(message);
+    out_.push_back(std::move(message));
     if (!writing_) {
       writing_ = true;
       StartWrite(&out_.front());
