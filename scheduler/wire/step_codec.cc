@@ -302,6 +302,7 @@ absl::StatusOr<ModelRunnerOutput> DecodeRunnerOutput(const v1::ModelRunnerOutput
   output.request_ids = ToVector(in.request_ids());
   output.sampled_token_ids = ToVector(in.sampled_token_ids());
   int64_t offset = 0;
+  output.sampled_offsets.reserve(in.num_sampled_size() + 1);
   for (int32_t count : in.num_sampled()) {
     if (count < 0) return Malformed("negative sampled count");
     offset += count;
