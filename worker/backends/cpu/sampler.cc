@@ -64,6 +64,23 @@ absl::Status ValidateRowBias(const SampleParams& p, int32_t r) {
   return absl::OkStatus();
 }
 
+// Greedy over the raw logits when nothing changes them (no bias, no
+// penalty): one pass, no copy. The same choice as RowValues then the argmax
+// below: NaN and masked tokens are -inf, the lowest id wins a tie, token 0
+// when no token is a candidate.
+TokenId GreedyRaw(const float* logits, int32_t vocab, const uint32_t* mask) {
+  TokenId best_id = 0;
+  float best = sr::Candidate(logits[0], sr::MaskAllows(mask, 0));
+  for (int32_t t = 1; t < vocab; ++t) {
+    const float v = sr::Candidate(logits[t], sr::MaskAllows(mask, t));
+    if (v > best) {
+      best = v;
+      best_id = t;
+    }
+  }
+  return best_id;
+}
+
 }  // namespace
 
 bool SamplingSupport::Allows(float v) const {
@@ -190,6 +207,14 @@ SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
   const SampleRow& row = p.rows[r];
   const SamplingOptions& o = row.options;
   const int32_t vocab = p.vocab;
+  SampledToken result;
+  if (sr::IsGreedy(o.temperature) && row.bias_len <= 0 && row.penalty_row < 0) {
+    const float* logits = p.logits + int64_t{r} * vocab;
+    result.token = GreedyRaw(logits, vocab, row.mask_row >= 0 ? p.allowed + int64_t{row.mask_row} * p.words_per_row
+                                                              : nullptr);
+    if (o.logprobs >= 0) Logprobs(logits, vocab, o.logprobs, &result, &s->ids);
+    return result;
+  }
   if (static_cast<int32_t>(s->values.size()) < vocab) {
     s->values.resize(vocab);
     s->probs.resize(vocab);
@@ -198,7 +223,6 @@ SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
   }
   RowValues(p, r, s);
   const float* values = s->values.data();
-  SampledToken result;
   if (sr::IsGreedy(o.temperature)) {
     for (int32_t t = 1; t < vocab; ++t) {
       if (sr::BeatsF(values[t], t, values[result.token], result.token)) result.token = t;

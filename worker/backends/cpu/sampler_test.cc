@@ -79,6 +79,34 @@ TEST(SamplerTest, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
   EXPECT_EQ(f.Sample({NAN, 0.5f, NAN, 0.5f}).token, 1);  // NaN is never a candidate
 }
 
+// Greedy without bias or penalty takes one pass over the raw logits; a
+// neutral penalty (repetition 1, frequency and presence 0) sends the same row
+// through the general path (copy, penalties, mask, argmax): the same token for
+// NaN, -inf, ties and masks.
+TEST(SamplerTest, GreedyOnePassMatchesTheGeneralPath) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> kind(0, 9);
+  std::uniform_int_distribution<int> level(-3, 3);  // few values: many ties
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t vocab = 1 + trial % 97;
+    std::vector<float> logits(vocab);
+    for (float& v : logits) {
+      const int k = kind(rng);
+      v = k == 0 ? NAN : k == 1 ? -INFINITY : static_cast<float>(level(rng));
+    }
+    if (trial % 5 == 0) std::fill(logits.begin(), logits.end(), NAN);
+    Fixture fast, general;
+    fast.options.temperature = general.options.temperature = 0.0f;
+    general.output = {0};
+    if (trial % 2 == 1) {
+      std::vector<uint32_t> mask((vocab + 31) / 32);
+      for (uint32_t& w : mask) w = static_cast<uint32_t>(rng());
+      fast.mask = general.mask = mask;
+    }
+    EXPECT_EQ(fast.Sample(logits).token, general.Sample(logits).token) << "trial " << trial;
+  }
+}
+
 TEST(SamplerTest, TemperatureSamplingFollowsTheSoftmax) {
   Fixture f;
   f.options.temperature = 1.0f;
