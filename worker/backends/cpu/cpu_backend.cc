@@ -169,21 +169,49 @@ absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) {
   return absl::OkStatus();
 }
 
+// Recomputes only what changed since the last call: inv_freq when the
+// model's base or dimension does, cos/sin when the positions do (once a step,
+// not once a layer). The same float operations as computing them in place.
+void CpuBackend::UpdateRopeTables(const RopeParams& p) {
+  RopeTables& r = rope_;
+  const int32_t pairs = p.rope_dim / 2;
+  const bool same_freq = r.freq_base == p.freq_base && r.rope_dim == p.rope_dim;
+  if (!same_freq) {
+    r.freq_base = p.freq_base;
+    r.rope_dim = p.rope_dim;
+    r.inv_freq.resize(pairs);
+    for (int32_t i = 0; i < pairs; ++i) {
+      r.inv_freq[i] = std::pow(p.freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(p.rope_dim));
+    }
+  }
+  const int32_t* positions = p.positions;
+  if (same_freq && r.freq_scale == p.freq_scale && r.positions.size() == static_cast<size_t>(p.num_tokens) &&
+      std::equal(positions, positions + p.num_tokens, r.positions.begin())) {
+    return;
+  }
+  r.freq_scale = p.freq_scale;
+  r.positions.assign(positions, positions + p.num_tokens);
+  r.cos.resize(int64_t{p.num_tokens} * pairs);
+  r.sin.resize(int64_t{p.num_tokens} * pairs);
+  pool_.ParallelFor(p.num_tokens, 4, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float pos = static_cast<float>(positions[t]) * p.freq_scale;
+      for (int32_t i = 0; i < pairs; ++i) {
+        r.cos[t * pairs + i] = std::cos(pos * r.inv_freq[i]);
+        r.sin[t * pairs + i] = std::sin(pos * r.inv_freq[i]);
+      }
+    }
+  });
+}
+
 absl::Status CpuBackend::Rope(const RopeParams& p) {
   if (p.rope_dim % 2 != 0 || p.rope_dim > p.head_dim) return Invalid("rope", "bad rotary dimension");
+  UpdateRopeTables(p);
   const int32_t pairs = p.rope_dim / 2;
-  std::vector<float> inv_freq(pairs);
-  for (int32_t i = 0; i < pairs; ++i) {
-    inv_freq[i] = std::pow(p.freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(p.rope_dim));
-  }
   pool_.ParallelFor(p.num_tokens, 4, [&](int64_t begin, int64_t end, int32_t) {
-    std::vector<float> cos(pairs), sin(pairs);
     for (int64_t t = begin; t < end; ++t) {
-      const float pos = static_cast<float>(p.positions[t]) * p.freq_scale;
-      for (int32_t i = 0; i < pairs; ++i) {
-        cos[i] = std::cos(pos * inv_freq[i]);
-        sin[i] = std::sin(pos * inv_freq[i]);
-      }
+      const float* cos = rope_.cos.data() + t * pairs;
+      const float* sin = rope_.sin.data() + t * pairs;
       // GGUF Llama weights are permuted for adjacent-pair rotation (ggml's
       // "normal" RoPE), not the rotate-half layout of the HF checkpoints.
       auto rotate = [&](float* head) {

@@ -67,6 +67,18 @@ class CpuBackend : public Backend {
   std::vector<std::vector<float>> dequant_scratch_;  // DequantGemm's tiles
   std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
   std::vector<std::vector<float>> attention_scratch_;  // scores, one per pool thread
+  // RoPE's tables, kept across calls: every layer of a step rotates at the
+  // same positions, so the step computes its cos/sin once (see Rope).
+  struct RopeTables {
+    float freq_base = 0.0f;
+    int32_t rope_dim = 0;
+    std::vector<float> inv_freq;   // [rope_dim / 2] of freq_base and rope_dim
+    float freq_scale = 0.0f;
+    std::vector<int32_t> positions;  // the positions cos and sin are for
+    std::vector<float> cos, sin;     // [positions, rope_dim / 2]
+  };
+  RopeTables rope_;
+  void UpdateRopeTables(const RopeParams& p);
 };
 
 }  // namespace tandem::worker

@@ -30,11 +30,13 @@ void PrintTo(const Shape& s, std::ostream* os) {
       << ", rope_dim " << s.rope_dim << ", base " << s.freq_base << ", scale " << s.freq_scale;
 }
 
-class RopeTest : public ::testing::TestWithParam<Shape> {};
+const Shape kShapes[] = {Shape{17, 4, 2, 64, 64, 10000.0f, 1.0f, 4095}, Shape{9, 9, 3, 64, 32, 10000.0f, 1.0f, 8191},
+                         Shape{12, 8, 8, 128, 128, 500000.0f, 0.25f, 32767},
+                         Shape{5, 6, 2, 80, 48, 10000.0f, 0.5f, 2047}, Shape{3, 2, 1, 16, 0, 10000.0f, 1.0f, 100}};
 
-TEST_P(RopeTest, HostModelMatchesCpuBackendBitForBit) {
-  const Shape s = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(s.head_dim * 131 + s.rope_dim));
+// Rotates random heads at random positions with `cpu` and with RopeHead.
+void ExpectHostModelMatches(const Shape& s, uint32_t seed, CpuBackend& cpu) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int32_t> position(0, s.max_position);
   std::vector<float> q(static_cast<size_t>(s.num_tokens) * s.num_heads * s.head_dim);
@@ -47,7 +49,6 @@ TEST_P(RopeTest, HostModelMatchesCpuBackendBitForBit) {
   positions[s.num_tokens - 1] = s.max_position;
 
   std::vector<float> cpu_q = q, cpu_k = k;
-  CpuBackend cpu(2);
   ASSERT_TRUE(cpu.Rope({cpu_q.data(), cpu_k.data(), positions.data(), s.num_tokens, s.num_heads, s.num_kv_heads,
                         s.head_dim, s.rope_dim, s.freq_base, s.freq_scale})
                   .ok());
@@ -67,12 +68,27 @@ TEST_P(RopeTest, HostModelMatchesCpuBackendBitForBit) {
   ASSERT_EQ(std::memcmp(k.data(), cpu_k.data(), k.size() * sizeof(float)), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
-                         ::testing::Values(Shape{17, 4, 2, 64, 64, 10000.0f, 1.0f, 4095},
-                                           Shape{9, 9, 3, 64, 32, 10000.0f, 1.0f, 8191},
-                                           Shape{12, 8, 8, 128, 128, 500000.0f, 0.25f, 32767},
-                                           Shape{5, 6, 2, 80, 48, 10000.0f, 0.5f, 2047},
-                                           Shape{3, 2, 1, 16, 0, 10000.0f, 1.0f, 100}));
+class RopeTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(RopeTest, HostModelMatchesCpuBackendBitForBit) {
+  const Shape s = GetParam();
+  CpuBackend cpu(2);
+  ExpectHostModelMatches(s, static_cast<uint32_t>(s.head_dim * 131 + s.rope_dim), cpu);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest, ::testing::ValuesIn(kShapes));
+
+// CpuBackend keeps its cos/sin and inverse frequencies across calls (once a
+// step for all layers): one backend through every shape, each twice at new
+// positions and then at the same ones, must match as a fresh one does.
+TEST(RopeTablesTest, OneBackendAcrossShapesAndPositionsMatchesTheHostModel) {
+  CpuBackend cpu(2);
+  for (int round = 0; round < 2; ++round) {
+    for (const Shape& s : kShapes) {
+      for (uint32_t seed : {1u, 2u, 2u}) ExpectHostModelMatches(s, seed + 17u * static_cast<uint32_t>(s.head_dim), cpu);
+    }
+  }
+}
 
 TEST(RopeMathTest, PositionZeroIsTheIdentity) {
   float head[8] = {1, 2, 3, 4, 5, 6, 7, 8};
