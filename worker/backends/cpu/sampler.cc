@@ -221,8 +221,12 @@ SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
     s->ids.reserve(vocab);
     s->counts.assign(vocab, 0);
   }
-  RowValues(p, r, s);
-  const float* values = s->values.data();
+  // Without bias, penalty, mask or NaN the values are the logits themselves.
+  const float* logits = p.logits + int64_t{r} * vocab;
+  const bool raw = row.bias_len <= 0 && row.penalty_row < 0 && row.mask_row < 0 &&
+                   std::none_of(logits, logits + vocab, [](float v) { return v != v; });
+  if (!raw) RowValues(p, r, s);
+  const float* values = raw ? logits : s->values.data();
   if (sr::IsGreedy(o.temperature)) {
     for (int32_t t = 1; t < vocab; ++t) {
       if (sr::BeatsF(values[t], t, values[result.token], result.token)) result.token = t;
@@ -248,7 +252,7 @@ SampledToken SampleLogits(const SampleParams& p, int32_t r, SamplerScratch* s) {
       result.token = best_id;
     }
   }
-  if (o.logprobs >= 0) Logprobs(p.logits + int64_t{r} * vocab, vocab, o.logprobs, &result, &s->ids);
+  if (o.logprobs >= 0) Logprobs(logits, vocab, o.logprobs, &result, &s->ids);
   return result;
 }
 

@@ -107,6 +107,28 @@ TEST(SamplerTest, GreedyOnePassMatchesTheGeneralPath) {
   }
 }
 
+// Sampling without bias, penalty, mask or NaN reads the logits in place; a
+// neutral penalty sends the same row through RowValues' copy: the same draws
+// under top-k, top-p and min-p, with and without a NaN.
+TEST(SamplerTest, SamplingInPlaceMatchesTheGeneralPath) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits(1 + trial % 61);
+    for (float& v : logits) v = normal(rng);
+    if (trial % 3 == 0) logits[trial % logits.size()] = NAN;
+    Fixture fast, general;
+    general.output = {0};
+    for (Fixture* f : {&fast, &general}) {
+      f->options.temperature = 0.3f + 0.1f * (trial % 9);
+      f->options.top_k = trial % 4 == 1 ? 5 : 0;
+      f->options.top_p = trial % 4 == 2 ? 0.8f : 1.0f;
+      f->options.min_p = trial % 4 == 3 ? 0.1f : 0.0f;
+    }
+    EXPECT_EQ(fast.Sample(logits, trial).token, general.Sample(logits, trial).token) << "trial " << trial;
+  }
+}
+
 TEST(SamplerTest, TemperatureSamplingFollowsTheSoftmax) {
   Fixture f;
   f.options.temperature = 1.0f;
