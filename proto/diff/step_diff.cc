@@ -17,7 +17,20 @@ absl::Status Malformed(const std::string& what) {
 // (its id is wider).
 constexpr int64_t kJoinCost = 2;
 
+// A new request's computed count, or null when `id` is not a new request.
+const int32_t* FindNew(absl::Span<const std::pair<int64_t, int32_t>> rows, int64_t id) {
+  if (rows.empty()) return nullptr;
+  // The last entry with this id, as the receiver's RowComputed takes it.
+  auto it = std::upper_bound(rows.begin(), rows.end(), id,
+                             [](int64_t v, const std::pair<int64_t, int32_t>& e) { return v < e.first; });
+  return it == rows.begin() || (it - 1)->first != id ? nullptr : &(it - 1)->second;
+}
+
 }  // namespace
+
+void SortNewRows(std::vector<std::pair<int64_t, int32_t>>* rows) {
+  std::stable_sort(rows->begin(), rows->end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
 
 StepDiffState::StepDiffState() : ring_(kHistory) {}
 
@@ -67,12 +80,17 @@ void StepDiffState::RowComputed(const v1::SchedulerOutput& step) {
   }
 }
 
-void StepDiffState::Remember(uint64_t step_seq, absl::Span<const int64_t> ids, absl::Span<const int32_t> tokens) {
+StepDiffState::Step& StepDiffState::Advance(uint64_t step_seq, absl::Span<const int64_t> ids) {
   head_ = (head_ + 1) % kHistory;
   count_ = std::min(count_ + 1, kHistory);
   Step& s = ring_[head_];
   s.step_seq = step_seq;
   s.ids.assign(ids.begin(), ids.end());
+  return s;
+}
+
+void StepDiffState::Remember(uint64_t step_seq, absl::Span<const int64_t> ids, absl::Span<const int32_t> tokens) {
+  Step& s = Advance(step_seq, ids);
   s.next_computed.resize(ids.size());
   for (size_t r = 0; r < ids.size(); ++r) s.next_computed[r] = computed_[r] < 0 ? -1 : computed_[r] + tokens[r];
 }
@@ -93,67 +111,26 @@ StepDiffState::Match StepDiffState::TryBase(int base, absl::Span<const int64_t> 
 }
 
 bool StepDiffState::Compact(v1::SchedulerOutput* step, v1::BatchDiff* diff) {
-  diff->Clear();
   const v1::CachedRequests& c = step->cached_requests();
-  const int n = step->scheduled_request_ids_size();
-  const int m = c.request_ids_size();
-  CollectNewIds(*step);
-  // The prediction needs the scheduler's shape: cached entries are the
-  // scheduled rows that are not new, in the same order.
-  bool fits = step->num_scheduled_tokens_size() == n && c.resumed_size() == m && c.num_computed_tokens_size() == m &&
-              c.num_new_block_ids_size() == m;
-  for (int r = 0, j = 0; fits && r <= n; ++r) {
-    if (r == n) {
-      fits = j == m;
-    } else if (!IsNew(step->scheduled_request_ids(r))) {
-      fits = j < m && c.request_ids(j++) == step->scheduled_request_ids(r);
-    }
-  }
-  if (!fits) {
+  resumed_.assign(c.resumed().begin(), c.resumed().end());
+  block_offsets_.assign(1, 0);
+  for (int32_t count : c.num_new_block_ids()) block_offsets_.push_back(block_offsets_.back() + count);
+  new_rows_.clear();
+  for (const v1::NewRequest& r : step->new_requests()) new_rows_.emplace_back(r.request_id(), r.num_computed_tokens());
+  SortNewRows(&new_rows_);
+  StepRows rows;
+  rows.step_seq = step->step_seq();
+  rows.ids = absl::MakeConstSpan(step->scheduled_request_ids().data(), step->scheduled_request_ids_size());
+  rows.tokens = absl::MakeConstSpan(step->num_scheduled_tokens().data(), step->num_scheduled_tokens_size());
+  rows.cached_ids = absl::MakeConstSpan(c.request_ids().data(), c.request_ids_size());
+  rows.cached_resumed = resumed_;
+  rows.cached_computed = absl::MakeConstSpan(c.num_computed_tokens().data(), c.num_computed_tokens_size());
+  rows.cached_block_offsets = block_offsets_;
+  rows.new_rows = new_rows_;
+  if (!CompactRows(rows, diff)) {
     (void)Record(*step);
     return false;
   }
-  ids_.assign(step->scheduled_request_ids().begin(), step->scheduled_request_ids().end());
-  tokens_.assign(step->num_scheduled_tokens().begin(), step->num_scheduled_tokens().end());
-  RowComputed(*step);
-
-  Match best{0, kJoinCost * n};
-  for (int b = 1; b <= std::min(kMaxBase, count_) && best.cost > 0; ++b) {
-    const Match match = TryBase(b, ids_, best.cost);
-    if (match.cost < best.cost) best = match;
-  }
-  diff->set_base(best.base);
-  predicted_.assign(n, -1);
-  int k = 0;
-  if (const Step* b = Base(best.base); b != nullptr) {
-    for (size_t i = 0; i < b->ids.size(); ++i) {
-      if (k < n && b->ids[i] == ids_[k]) {
-        predicted_[k++] = b->next_computed[i];
-      } else {
-        diff->add_removed(static_cast<uint32_t>(i));
-      }
-    }
-  }
-  for (int r = k; r < n; ++r) diff->add_appended(ids_[r]);
-  for (int r = 0; r < n; ++r) {
-    if (tokens_[r] == 1) continue;
-    diff->add_token_rows(r);
-    diff->add_token_counts(tokens_[r]);
-  }
-  for (int r = 0, j = 0; r < n; ++r) {
-    if (IsNew(ids_[r])) continue;
-    if (c.num_computed_tokens(j) != predicted_[r]) {
-      diff->add_computed_entries(j);
-      diff->add_computed_values(c.num_computed_tokens(j));
-    }
-    if (c.resumed(j)) diff->add_resumed_entries(j);
-    if (c.num_new_block_ids(j) != 0) {
-      diff->add_block_entries(j);
-      diff->add_block_counts(c.num_new_block_ids(j));
-    }
-    ++j;
-  }
-  Remember(step->step_seq(), ids_, tokens_);
   step->clear_scheduled_request_ids();
   step->clear_num_scheduled_tokens();
   v1::CachedRequests* mc = step->mutable_cached_requests();
@@ -161,6 +138,94 @@ bool StepDiffState::Compact(v1::SchedulerOutput* step, v1::BatchDiff* diff) {
   mc->clear_resumed();
   mc->clear_num_computed_tokens();
   mc->clear_num_new_block_ids();
+  return true;
+}
+
+bool StepDiffState::CompactRows(const StepRows& s, v1::BatchDiff* diff) {
+  diff->Clear();
+  const size_t n = s.ids.size();
+  const size_t m = s.cached_ids.size();
+  if (s.tokens.size() != n || s.cached_resumed.size() != m || s.cached_computed.size() != m ||
+      s.cached_block_offsets.size() != m + 1) {
+    return false;
+  }
+  // Raw pointers in the loops below: absl's hardened Span checks every index.
+  const int64_t* ids = s.ids.data();
+  const int32_t* tokens = s.tokens.data();
+  const int64_t* cached_ids = s.cached_ids.data();
+  const int32_t* cached_computed = s.cached_computed.data();
+  // One pass checks the scheduler's shape (the cached entries are the
+  // scheduled rows that are not new, in the same order) and works out what
+  // each row's request will have computed after this step. A row is the
+  // next cached entry if its id is; only the others are looked up among the
+  // new requests, each of which must be one row (so no id is both, and this
+  // reads the rows as the receiver does).
+  computed_.resize(n);
+  size_t j = 0;
+  size_t fresh_rows = 0;
+  for (size_t r = 0; r < n; ++r) {
+    int32_t before;
+    if (j < m && cached_ids[j] == ids[r]) {
+      before = cached_computed[j++];
+    } else if (const int32_t* fresh = FindNew(s.new_rows, ids[r]); fresh != nullptr) {
+      before = *fresh;
+      ++fresh_rows;
+    } else {
+      return false;
+    }
+    computed_[r] = before < 0 ? -1 : before + tokens[r];
+  }
+  if (j != m || fresh_rows != s.new_rows.size()) return false;
+
+  Match best{0, kJoinCost * static_cast<int64_t>(n)};
+  for (int b = 1; b <= std::min(kMaxBase, count_) && best.cost > 0; ++b) {
+    const Match match = TryBase(b, s.ids, best.cost);
+    if (match.cost < best.cost) best = match;
+  }
+  diff->set_base(best.base);
+  const Step* base = Base(best.base);
+  const size_t base_size = base != nullptr ? base->ids.size() : 0;
+  const int64_t* base_ids = base != nullptr ? base->ids.data() : nullptr;
+  const int32_t* base_next = base != nullptr ? base->next_computed.data() : nullptr;
+  const uint8_t* resumed = s.cached_resumed.data();
+  const int32_t* block_offsets = s.cached_block_offsets.data();
+  // Then one pass over the rows and the base writes every list of the diff.
+  // The rows kept from the base come first, in its order: each is the next
+  // base entry with its id (those skipped left); the first row the rest of
+  // the base lacks, and every row after it, joined.
+  size_t i = 0;  // the next base entry
+  j = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const int64_t id = ids[r];
+    int32_t predicted = -1;
+    size_t found = i;
+    while (found < base_size && base_ids[found] != id) ++found;
+    for (const size_t end = std::min(found, base_size); i < end; ++i) diff->add_removed(static_cast<uint32_t>(i));
+    if (found < base_size) {
+      predicted = base_next[found];
+      i = found + 1;
+    } else {
+      diff->add_appended(id);
+    }
+    if (tokens[r] != 1) {
+      diff->add_token_rows(static_cast<uint32_t>(r));
+      diff->add_token_counts(tokens[r]);
+    }
+    if (j == m || cached_ids[j] != id) continue;  // a new request, as the first pass found
+    const uint32_t entry = static_cast<uint32_t>(j);
+    if (cached_computed[j] != predicted) {
+      diff->add_computed_entries(entry);
+      diff->add_computed_values(cached_computed[j]);
+    }
+    if (resumed[j] != 0) diff->add_resumed_entries(entry);
+    if (const int32_t blocks = block_offsets[j + 1] - block_offsets[j]; blocks != 0) {
+      diff->add_block_entries(entry);
+      diff->add_block_counts(blocks);
+    }
+    ++j;
+  }
+  for (; i < base_size; ++i) diff->add_removed(static_cast<uint32_t>(i));
+  Advance(s.step_seq, s.ids).next_computed.swap(computed_);
   return true;
 }
 

@@ -16,8 +16,8 @@
 // replaces the counts.
 //
 // Each end of a stream keeps one StepDiffState, fed every step in stream
-// order (Compact on the sender, Expand or Record on each receiver), and
-// resets it with the group's epoch. Predictions are deterministic functions
+// order (CompactRows or Compact on the sender, Expand or Record on each
+// receiver), and resets it with the group's epoch. Predictions are deterministic functions
 // of the steps seen, so both ends agree; a diff that does not fit what the
 // receiver holds is refused with InvalidArgument, never guessed at.
 //
@@ -30,6 +30,7 @@
 #define TANDEM_PROTO_DIFF_STEP_DIFF_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +38,26 @@
 #include "tandem/v1/worker_service.pb.h"
 
 namespace tandem::wire {
+
+// One step's rows as the sender holds them (the scheduler's own arrays), so
+// that the diff is built in one pass without encoding every row first.
+struct StepRows {
+  uint64_t step_seq = 0;
+  absl::Span<const int64_t> ids;     // the scheduled rows, in order
+  absl::Span<const int32_t> tokens;  // tokens scheduled per row
+  // The cached entries, parallel lists; entry j's new blocks number
+  // cached_block_offsets[j + 1] - cached_block_offsets[j].
+  absl::Span<const int64_t> cached_ids;
+  absl::Span<const uint8_t> cached_resumed;
+  absl::Span<const int32_t> cached_computed;
+  absl::Span<const int32_t> cached_block_offsets;
+  // The new requests' (id, num_computed_tokens), in ascending id order; of
+  // entries with the same id the last counts (SortNewRows does both).
+  absl::Span<const std::pair<int64_t, int32_t>> new_rows;
+};
+
+// Sorts new requests' (id, computed) by id, keeping the order of equal ids.
+void SortNewRows(std::vector<std::pair<int64_t, int32_t>>* rows);
 
 class StepDiffState {
  public:
@@ -54,6 +75,11 @@ class StepDiffState {
   // clears them. Returns false (the step left in full form, `diff` cleared)
   // when its cached entries are not its non-new scheduled rows in order.
   bool Compact(v1::SchedulerOutput* step, v1::BatchDiff* diff);
+  // Sender, from the scheduler's arrays: fills `diff` with exactly what
+  // Compact would for the same step. Returns false (nothing remembered,
+  // `diff` cleared) when the step does not fit the compact form; the caller
+  // then sends it in full and Records it.
+  bool CompactRows(const StepRows& rows, v1::BatchDiff* diff);
   // Receiver: rebuilds the per-row lists of a compacted step.
   absl::Status Expand(const v1::BatchDiff& diff, v1::SchedulerOutput* step);
   // Receiver of a step in full form: remembers it for the diffs that follow.
@@ -84,6 +110,8 @@ class StepDiffState {
   // -1 if neither), into computed_.
   void RowComputed(const v1::SchedulerOutput& step);
   void Remember(uint64_t step_seq, absl::Span<const int64_t> ids, absl::Span<const int32_t> tokens);
+  // Makes room for the newest step and returns it, its ids set.
+  Step& Advance(uint64_t step_seq, absl::Span<const int64_t> ids);
 
   std::vector<Step> ring_;  // kHistory entries; the newest at head_
   int head_ = 0;
@@ -94,6 +122,10 @@ class StepDiffState {
   std::vector<int32_t> predicted_;
   std::vector<int64_t> ids_;
   std::vector<int32_t> tokens_;
+  // Compact's view of a full-form step, for CompactRows.
+  std::vector<uint8_t> resumed_;
+  std::vector<int32_t> block_offsets_;
+  std::vector<std::pair<int64_t, int32_t>> new_rows_;
 };
 
 // Result side (stateless): drops the request ids, and the counts when a bit

@@ -67,7 +67,7 @@ SamplingParams DecodeSamplingParams(const v1::SamplingParams& in) {
   return p;
 }
 
-void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out) {
+void EncodeStepWithoutRows(const SchedulerOutput& step, v1::SchedulerOutput* out) {
   out->set_step_seq(step.step_seq);
   for (const NewRequestData& data : step.new_requests) {
     v1::NewRequest* r = out->add_new_requests();
@@ -79,6 +79,21 @@ void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out
   }
   const CachedRequestData& cached = step.cached;
   v1::CachedRequests* c = out->mutable_cached_requests();
+  c->mutable_new_block_ids()->Add(cached.new_block_ids.begin(), cached.new_block_ids.end());
+  for (const CachedRequestData::Resumed& resumed : cached.resumed_requests) {
+    c->add_resumed_token_ids()->mutable_token_ids()->Add(resumed.token_ids.begin(), resumed.token_ids.end());
+    EncodeSamplingParams(resumed.sampling, resumed.structured_output, c->add_resumed_sampling());
+    c->add_resumed_num_prompt_tokens(resumed.num_prompt_tokens);
+  }
+  out->mutable_finished_request_ids()->Add(step.finished_request_ids.begin(), step.finished_request_ids.end());
+  out->mutable_preempted_request_ids()->Add(step.preempted_request_ids.begin(), step.preempted_request_ids.end());
+  out->set_has_structured_output_requests(step.has_structured_output_requests);
+  out->set_pending_structured_output_tokens(step.pending_structured_output_tokens);
+}
+
+void EncodeStepRows(const SchedulerOutput& step, v1::SchedulerOutput* out) {
+  const CachedRequestData& cached = step.cached;
+  v1::CachedRequests* c = out->mutable_cached_requests();
   c->mutable_request_ids()->Add(cached.request_ids.begin(), cached.request_ids.end());
   // Sized once: appending a decode batch's rows one by one regrew each field
   // several times a step.
@@ -88,22 +103,17 @@ void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out
   c->mutable_num_computed_tokens()->Add(cached.num_computed_tokens.begin(), cached.num_computed_tokens.end());
   c->mutable_num_new_block_ids()->Reserve(num_cached);
   for (size_t i = 0; i < cached.size(); ++i) c->add_num_new_block_ids(static_cast<int32_t>(cached.NewBlocks(i).size()));
-  c->mutable_new_block_ids()->Add(cached.new_block_ids.begin(), cached.new_block_ids.end());
-  for (const CachedRequestData::Resumed& resumed : cached.resumed_requests) {
-    c->add_resumed_token_ids()->mutable_token_ids()->Add(resumed.token_ids.begin(), resumed.token_ids.end());
-    EncodeSamplingParams(resumed.sampling, resumed.structured_output, c->add_resumed_sampling());
-    c->add_resumed_num_prompt_tokens(resumed.num_prompt_tokens);
-  }
   out->mutable_scheduled_request_ids()->Reserve(static_cast<int>(step.scheduled.size()));
   out->mutable_num_scheduled_tokens()->Reserve(static_cast<int>(step.scheduled.size()));
   for (const ScheduledRequest& row : step.scheduled) {
     out->add_scheduled_request_ids(row.id);
     out->add_num_scheduled_tokens(row.num_tokens);
   }
-  out->mutable_finished_request_ids()->Add(step.finished_request_ids.begin(), step.finished_request_ids.end());
-  out->mutable_preempted_request_ids()->Add(step.preempted_request_ids.begin(), step.preempted_request_ids.end());
-  out->set_has_structured_output_requests(step.has_structured_output_requests);
-  out->set_pending_structured_output_tokens(step.pending_structured_output_tokens);
+}
+
+void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out) {
+  EncodeStepWithoutRows(step, out);
+  EncodeStepRows(step, out);
 }
 
 absl::StatusOr<SchedulerOutput> DecodeSchedulerOutput(const v1::SchedulerOutput& in) {

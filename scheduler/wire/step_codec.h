@@ -18,6 +18,12 @@ void EncodeSamplingParams(const SamplingParams& params, bool structured_output, 
 SamplingParams DecodeSamplingParams(const v1::SamplingParams& in);
 
 void EncodeSchedulerOutput(const SchedulerOutput& step, v1::SchedulerOutput* out);
+// EncodeSchedulerOutput in two parts: everything but the per-row lists (the
+// scheduled rows and the cached entries' ids, resumed flags, computed counts
+// and block counts), which the compact form sends as a diff instead
+// (compact_step.h), and those lists.
+void EncodeStepWithoutRows(const SchedulerOutput& step, v1::SchedulerOutput* out);
+void EncodeStepRows(const SchedulerOutput& step, v1::SchedulerOutput* out);
 absl::StatusOr<SchedulerOutput> DecodeSchedulerOutput(const v1::SchedulerOutput& in);
 
 void EncodeSampleCommand(StepSeq step_seq, const GrammarOutput* grammar, v1::SampleCommand* out);

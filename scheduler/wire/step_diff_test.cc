@@ -15,6 +15,7 @@
 #include "scheduler/core/engine_core.h"
 #include "scheduler/testing/fake_executor.h"
 #include "scheduler/testing/scheduler_test_util.h"
+#include "scheduler/wire/compact_step.h"
 #include "scheduler/wire/step_codec.h"
 
 namespace tandem::scheduler {
@@ -32,10 +33,19 @@ class DiffCheckingExecutor : public Executor {
   absl::Status Execute(const SchedulerOutput& step) override {
     v1::SchedulerOutput full;
     EncodeSchedulerOutput(step, &full);
-    v1::SchedulerOutput sent = full;
+    // What the WorkerGroup sends (rows diffed straight from the engine's
+    // struct) must be byte for byte what diffing the full message gives.
+    v1::SchedulerOutput sent;
     v1::BatchDiff diff;
-    const bool compact = sender_.Compact(&sent, &diff);
+    EncodeStepWithoutRows(step, &sent);
+    const bool compact = encoder_.EncodeRows(step, &sent, &diff);
     compacted_ += compact ? 1 : 0;
+    v1::SchedulerOutput by_message = full;
+    v1::BatchDiff by_message_diff;
+    EXPECT_EQ(by_message_sender_.Compact(&by_message, &by_message_diff), compact) << "step " << step.step_seq;
+    EXPECT_EQ(sent.SerializeAsString(), by_message.SerializeAsString()) << "step " << step.step_seq;
+    EXPECT_EQ(diff.SerializeAsString(), by_message_diff.SerializeAsString())
+        << "step " << step.step_seq << "\nrows " << diff.ShortDebugString() << "\nmsg  " << by_message_diff.ShortDebugString();
     ++steps_;
     rows_ += static_cast<int64_t>(step.scheduled.size());
     if (step.new_requests.empty() && step.cached.resumed_requests.empty() && step.preempted_request_ids.empty() &&
@@ -64,7 +74,7 @@ class DiffCheckingExecutor : public Executor {
     wire::CompactResult(&sent);
     EXPECT_EQ(sent.output().request_ids_size(), 0);
     up_bytes_ += static_cast<int64_t>(sent.ByteSizeLong());
-    const std::vector<int64_t>* rows = sender_.Rows(step_seq);
+    const std::vector<int64_t>* rows = encoder_.state().Rows(step_seq);
     EXPECT_NE(rows, nullptr) << "step " << step_seq;
     if (rows == nullptr) return output;
     EXPECT_TRUE(wire::ExpandResult(*rows, &sent).ok());
@@ -76,7 +86,8 @@ class DiffCheckingExecutor : public Executor {
 
  private:
   FakeExecutor inner_;
-  wire::StepDiffState sender_;
+  CompactStepEncoder encoder_;
+  wire::StepDiffState by_message_sender_;
   wire::StepDiffState receivers_[2];
 };
 

@@ -114,7 +114,7 @@ void WorkerGroup::MaybeConfigure() {
   failure_ = absl::OkStatus();
   results_.clear();
   held_execute_.reset();
-  diff_.Reset();
+  encoder_.Reset();
   in_flight_rows_.clear();
   state_ = State::kConfiguring;
   v1::SchedulerMessage message;
@@ -253,7 +253,9 @@ GroupStatus WorkerGroup::Status() const {
 
 absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
   v1::SchedulerMessage message;
-  EncodeSchedulerOutput(step, message.mutable_execute());
+  // What needs no diff state (new requests' prompts, new block ids) outside
+  // the lock; the rows under it.
+  EncodeStepWithoutRows(step, message.mutable_execute());
   absl::MutexLock lock(&mu_);
   if (state_ != State::kReady) {
     return failure_.ok() ? absl::UnavailableError(absl::StrCat("the worker group is not ready (", DescribeLocked(), ")"))
@@ -261,14 +263,15 @@ absl::Status WorkerGroup::Execute(const SchedulerOutput& step) {
   }
   FlushLocked();
   // Under the lock: the diff must follow exactly what the ranks receive.
-  if (!diff_.Compact(message.mutable_execute(), message.mutable_execute_diff())) message.clear_execute_diff();
+  if (!encoder_.EncodeRows(step, message.mutable_execute(), message.mutable_execute_diff())) {
+    message.clear_execute_diff();
+  }
   std::vector<RequestId> rows;
   if (!spare_rows_.empty()) {
     rows = std::move(spare_rows_.back());
     spare_rows_.pop_back();
   }
-  rows.clear();
-  for (const ScheduledRequest& row : step.scheduled) rows.push_back(row.id);
+  rows.assign(encoder_.rows().begin(), encoder_.rows().end());
   in_flight_rows_.emplace_back(step.step_seq, std::move(rows));
   for (size_t r = 0; r + 1 < members_.size(); ++r) members_[r]->link->Send(message);
   held_execute_ = std::move(message);

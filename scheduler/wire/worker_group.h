@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "scheduler/core/executor.h"
 #include "proto/diff/step_diff.h"
+#include "scheduler/wire/compact_step.h"
 #include "scheduler/wire/worker_link.h"
 
 namespace tandem::scheduler {
@@ -123,7 +124,7 @@ class WorkerGroup : public ExecutorGroup {
   // diffs against them and results come back without their rows
   // (proto/diff/step_diff.h). Every rank receives every execute, so one
   // state stands for all of them.
-  wire::StepDiffState diff_ ABSL_GUARDED_BY(mu_);
+  CompactStepEncoder encoder_ ABSL_GUARDED_BY(mu_);
   // The scheduled request ids of each step sent and not yet collected,
   // oldest first: a compact result's rows (as deep as the engine's queue).
   std::deque<std::pair<StepSeq, std::vector<RequestId>>> in_flight_rows_ ABSL_GUARDED_BY(mu_);

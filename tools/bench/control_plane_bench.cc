@@ -49,6 +49,7 @@
 #include "proto/diff/step_diff.h"
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 #include "scheduler/server/serving_engine.h"
+#include "scheduler/wire/compact_step.h"
 #include "scheduler/wire/step_codec.h"
 #include "scheduler/wire/worker_group.h"
 #include "tandem/v1/worker_service.pb.h"
@@ -86,8 +87,11 @@ class WireMeter : public scheduler::StepObserver {
     CallgrindWindow(step_count);
     if (!measure_bytes.load(std::memory_order_relaxed) || step.scheduled.empty()) return;
     v1::SchedulerMessage execute;
-    scheduler::EncodeSchedulerOutput(step, execute.mutable_execute());
-    if (!diff_.Compact(execute.mutable_execute(), execute.mutable_execute_diff())) execute.clear_execute_diff();
+    // Encoded as WorkerGroup::Execute does.
+    scheduler::EncodeStepWithoutRows(step, execute.mutable_execute());
+    if (!encoder_.EncodeRows(step, execute.mutable_execute(), execute.mutable_execute_diff())) {
+      execute.clear_execute_diff();
+    }
     if (++seen_ <= wire::StepDiffState::kMaxBase) return;
     v1::SchedulerMessage sample;
     scheduler::EncodeSampleCommand(step.step_seq, nullptr, sample.mutable_sample());
@@ -128,7 +132,7 @@ class WireMeter : public scheduler::StepObserver {
   const int32_t stages_;
   std::atomic<int64_t> callgrind_steps_{0};
   int64_t callgrind_from_ = -1;
-  wire::StepDiffState diff_;
+  scheduler::CompactStepEncoder encoder_;
   int64_t seen_ = 0;
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> measured_{0};
