@@ -84,8 +84,12 @@ TEST(GrpcSchedulerLinkTest, AnswersKeepalivePingsWhileTheComputeThreadIsAwayFrom
     link.Send(v1::WorkerMessage());
     ASSERT_TRUE(link.Receive(&answer, &reason)) << reason;
     EXPECT_EQ(answer.configure().epoch(), 1);
-    // A step that outlasts several pings and their timeouts, away from the stream.
-    std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    // The long step itself, not a wait for a state: the reader stays away from
+    // the stream through more than a ping and its timeout (without the keeper
+    // the server drops the connection after one round), as a real step would.
+    const rpc::RpcOptions keepalive = FastKeepalive();
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        keepalive.keepalive_time_ms + keepalive.keepalive_timeout_ms + 1500));
     link.Send(v1::WorkerMessage());
     EXPECT_TRUE(link.Receive(&answer, &reason)) << "the stream ended during the step: " << reason;
     EXPECT_EQ(answer.configure().epoch(), 2);
