@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/backends/cpu/cpu_math.h"
 #include "worker/backends/portable/raw_logprobs.h"
 #include "worker/backends/portable/sampling_rule.h"
 
@@ -110,18 +111,11 @@ __attribute__((target("avx2"))) TokenId GreedyRawAvx2(const float* logits, int32
   return token;  // 0 when nothing beat -inf
 }
 
-bool HasAvx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
 #endif
 
 TokenId GreedyRaw(const float* logits, int32_t vocab, const uint32_t* mask) {
 #if defined(__x86_64__)
-  if (mask == nullptr && HasAvx2()) return GreedyRawAvx2(logits, vocab);
+  if (mask == nullptr && cpu::UsingAvx2()) return GreedyRawAvx2(logits, vocab);
 #endif
   TokenId best_id = 0;
   float best = sr::Candidate(logits[0], sr::MaskAllows(mask, 0));
