@@ -13,8 +13,10 @@
 // For each configuration (running requests x stages x async) it waits until
 // every request runs, then measures --steps steps: steps/s (wall), the CPU
 // time per step of this process (the scheduler) and of each worker
-// (/proc/PID/stat), and, after the timed window, the bytes on the wire per
-// scheduled request per step, from the serialized messages in their compact
+// (/proc/PID/stat), the context switches per step of the scheduler and of
+// the workers together (every thread's, /proc/PID/task/*/status; the
+// scheduler's include the bench's own 5 ms polls, about 0.04 a step), and,
+// after the timed window, the bytes on the wire per scheduled request per step, from the serialized messages in their compact
 // form (the execute command to every rank, the sample command to the last,
 // the result back).
 //
@@ -30,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -37,10 +40,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/default_model.h"
 #include "common/flags.h"
@@ -164,6 +169,28 @@ double CpuSeconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Context switches (voluntary and not) of a process's threads so far: this
+// process, or a child by pid. A thread that exits is no longer counted; the
+// window measured has none.
+int64_t ContextSwitches(pid_t pid) {
+  const std::string dir = pid == 0 ? std::string("/proc/self/task") : absl::StrCat("/proc/", pid, "/task");
+  int64_t total = 0;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(dir, error)) {
+    std::ifstream in(task.path() / "status");
+    for (std::string line; std::getline(in, line);) {
+      absl::string_view rest = line;
+      if (!absl::ConsumePrefix(&rest, "voluntary_ctxt_switches:") &&
+          !absl::ConsumePrefix(&rest, "nonvoluntary_ctxt_switches:")) {
+        continue;
+      }
+      int64_t n = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &n)) total += n;
+    }
+  }
+  return total;
+}
+
 struct Config {
   int64_t running = 256;
   int32_t stages = 1;
@@ -174,6 +201,7 @@ struct Figures {
   double steps_per_second = 0;
   double scheduler_us_per_step = 0;
   std::vector<double> worker_us_per_step;
+  double scheduler_switches_per_step = 0, worker_switches_per_step = 0;  // all workers together
   double down_bytes = 0, up_bytes = 0;  // per scheduled request per step
 };
 
@@ -282,6 +310,8 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   const auto wall0 = Clock::now();
   std::vector<double> cpu0 = {CpuSeconds(0)};
   for (pid_t pid : workers) cpu0.push_back(CpuSeconds(pid));
+  std::vector<int64_t> switches0 = {ContextSwitches(0)};
+  for (pid_t pid : workers) switches0.push_back(ContextSwitches(pid));
   WaitFor([&] { return meter.steps() >= steps0 + o.steps; }, 600);
   const int64_t steps = meter.steps() - steps0;
   const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
@@ -290,6 +320,10 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   f.scheduler_us_per_step = (CpuSeconds(0) - cpu0[0]) / steps * 1e6;
   for (size_t i = 0; i < workers.size(); ++i) {
     f.worker_us_per_step.push_back((CpuSeconds(workers[i]) - cpu0[i + 1]) / steps * 1e6);
+  }
+  f.scheduler_switches_per_step = static_cast<double>(ContextSwitches(0) - switches0[0]) / steps;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    f.worker_switches_per_step += static_cast<double>(ContextSwitches(workers[i]) - switches0[i + 1]) / steps;
   }
   meter.measure_bytes = true;
   WaitFor([&] { return meter.measured() >= 64; }, 60);
@@ -363,7 +397,8 @@ int Main(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   std::printf("| running | stages | async | steps/s (wall) | scheduler CPU us/step | worker CPU us/step | "
-              "bytes/request/step down | up |\n|---|---|---|---|---|---|---|---|\n");
+              "bytes/request/step down | up | switches/step scheduler, workers |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t r : running_list) {
     for (int64_t s : stage_list) {
       for (bool a : {true, false}) {
@@ -382,9 +417,10 @@ int Main(int argc, char** argv) {
         }
         std::string workers;
         for (double w : f->worker_us_per_step) absl::StrAppend(&workers, workers.empty() ? "" : ", ", absl::StrFormat("%.1f", w));
-        std::printf("| %lld | %lld | %s | %.0f | %.1f | %s | %.2f | %.2f |\n", static_cast<long long>(r),
+        std::printf("| %lld | %lld | %s | %.0f | %.1f | %s | %.2f | %.2f | %.2f, %.2f |\n", static_cast<long long>(r),
                     static_cast<long long>(s), a ? "on" : "off", f->steps_per_second, f->scheduler_us_per_step,
-                    workers.c_str(), f->down_bytes, f->up_bytes);
+                    workers.c_str(), f->down_bytes, f->up_bytes, f->scheduler_switches_per_step,
+                    f->worker_switches_per_step);
         std::fflush(stdout);
       }
     }
