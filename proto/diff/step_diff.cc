@@ -324,13 +324,23 @@ void CompactResult(v1::StepResult* result) {
   if (out->num_sampled_size() != n) return;  // not ours to judge: the receiver refuses it as it is
   result->set_rows_implied(true);
   out->clear_request_ids();
-  for (int32_t count : out->num_sampled()) {
-    if (count != 0 && count != 1) return;
-  }
+  // A byte at a time, checking the counts on the way (a row per step).
+  const int32_t* counts = out->num_sampled().data();
   std::string* bits = result->mutable_sampled_rows();
-  bits->assign((n + 7) / 8, '\0');
-  for (int r = 0; r < n; ++r) {
-    if (out->num_sampled(r) == 1) (*bits)[r / 8] = static_cast<char>((*bits)[r / 8] | (1 << (r % 8)));
+  bits->resize((n + 7) / 8);
+  int32_t other = 0;  // a count other than 0 and 1 sets a bit here
+  for (int base = 0; base < n; base += 8) {
+    const int end = std::min(n, base + 8);
+    uint32_t byte = 0;
+    for (int r = base; r < end; ++r) {
+      other |= counts[r] & ~1;
+      byte |= static_cast<uint32_t>(counts[r] & 1) << (r - base);
+    }
+    (*bits)[base / 8] = static_cast<char>(byte);
+  }
+  if (other != 0) {
+    result->clear_sampled_rows();
+    return;
   }
   out->clear_num_sampled();
 }
@@ -344,10 +354,13 @@ absl::Status ExpandResult(absl::Span<const int64_t> rows, v1::StepResult* result
   if (out->num_sampled_size() == 0) {
     const std::string& bits = result->sampled_rows();
     if (bits.size() > static_cast<size_t>((n + 7) / 8)) return Malformed("more sampled-row bits than rows");
-    out->mutable_num_sampled()->Reserve(n);
-    for (int r = 0; r < n; ++r) {
-      const bool one = static_cast<size_t>(r / 8) < bits.size() && (bits[r / 8] >> (r % 8) & 1);
-      out->add_num_sampled(one ? 1 : 0);
+    out->mutable_num_sampled()->Resize(n, 0);
+    int32_t* counts = out->mutable_num_sampled()->mutable_data();
+    for (size_t byte = 0; byte < bits.size(); ++byte) {
+      const uint32_t b = static_cast<uint8_t>(bits[byte]);
+      const int base = static_cast<int>(byte) * 8;
+      const int end = std::min(n, base + 8);
+      for (int r = base; r < end; ++r) counts[r] = static_cast<int32_t>(b >> (r - base) & 1);
     }
   }
   result->set_rows_implied(false);

@@ -243,6 +243,26 @@ TEST(StepDiffTest, CompactResultKeepsTokensAndCounts) {
   wire::CompactResult(&bad);
   rows.resize(3);
   EXPECT_EQ(wire::ExpandResult(rows, &bad).code(), absl::StatusCode::kInvalidArgument);
+  // A row that sampled two tokens: the counts travel as they are.
+  v1::StepResult two = full;
+  two.mutable_output()->set_num_sampled(9, 2);
+  two.mutable_output()->add_sampled_token_ids(2000);
+  v1::StepResult two_sent = two;
+  wire::CompactResult(&two_sent);
+  EXPECT_EQ(two_sent.output().request_ids_size(), 0);
+  EXPECT_EQ(two_sent.output().num_sampled_size(), 11);
+  EXPECT_TRUE(two_sent.sampled_rows().empty());
+  rows.clear();
+  for (int r = 0; r < 11; ++r) rows.push_back(100 + r);
+  ASSERT_TRUE(wire::ExpandResult(rows, &two_sent).ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(two_sent, two)) << two_sent.ShortDebugString();
+  // Fewer bits than rows: the rows past them sampled nothing.
+  v1::StepResult short_bits;
+  short_bits.set_rows_implied(true);
+  short_bits.set_sampled_rows(std::string(1, '\x05'));
+  ASSERT_TRUE(wire::ExpandResult(rows, &short_bits).ok());
+  EXPECT_EQ(std::vector<int32_t>(short_bits.output().num_sampled().begin(), short_bits.output().num_sampled().end()),
+            std::vector<int32_t>({1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}));
 }
 
 }  // namespace

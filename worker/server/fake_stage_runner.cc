@@ -25,8 +25,26 @@ absl::Status Mismatch(const std::string& what) {
 }  // namespace
 
 std::vector<int32_t> FakeStageRunner::Tokens(int64_t id) const {
-  auto it = slots_.find(id);
-  return it == slots_.end() ? std::vector<int32_t>() : it->second.tokens;
+  auto it = index_.find(id);
+  return it == index_.end() ? std::vector<int32_t>() : slab_[it->second].tokens;
+}
+
+FakeStageRunner::Slot* FakeStageRunner::Find(int64_t id) {
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : &slab_[it->second];
+}
+
+FakeStageRunner::Slot* FakeStageRunner::Live(const Row& row) {
+  Slot& slot = slab_[row.slot];
+  return slot.generation == row.generation ? &slot : nullptr;
+}
+
+void FakeStageRunner::EraseSlot(int64_t id) {
+  auto it = index_.find(id);
+  if (it == index_.end()) return;
+  slab_[it->second].generation = 0;
+  free_slots_.push_back(it->second);
+  index_.erase(it);
 }
 
 absl::Status FakeStageRunner::AddSlot(int64_t id, const int32_t* tokens, int32_t size, int32_t num_prompt,
@@ -34,7 +52,17 @@ absl::Status FakeStageRunner::AddSlot(int64_t id, const int32_t* tokens, int32_t
   if (size < 1 || num_prompt < 1 || num_prompt > size || computed < 0 || computed >= size) {
     return Mismatch(absl::StrCat("request ", id, " arrives with inconsistent token counts"));
   }
-  Slot& slot = slots_[id];
+  auto [it, added] = index_.try_emplace(id, 0);
+  if (added) {
+    if (free_slots_.empty()) {
+      it->second = static_cast<uint32_t>(slab_.size());
+      slab_.emplace_back();
+    } else {
+      it->second = free_slots_.back();
+      free_slots_.pop_back();
+    }
+  }
+  Slot& slot = slab_[it->second];
   slot = Slot();
   slot.generation = next_generation_++;
   slot.tokens.assign(tokens, tokens + size);
@@ -48,10 +76,10 @@ absl::Status FakeStageRunner::AddSlot(int64_t id, const int32_t* tokens, int32_t
 }
 
 absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
-  for (int64_t id : step.finished_request_ids()) slots_.erase(id);
-  for (int64_t id : step.preempted_request_ids()) slots_.erase(id);
+  for (int64_t id : step.finished_request_ids()) EraseSlot(id);
+  for (int64_t id : step.preempted_request_ids()) EraseSlot(id);
   for (const v1::NewRequest& r : step.new_requests()) {
-    if (slots_.contains(r.request_id())) return Mismatch(absl::StrCat("request ", r.request_id(), " is already live"));
+    if (index_.contains(r.request_id())) return Mismatch(absl::StrCat("request ", r.request_id(), " is already live"));
     TANDEM_RETURN_IF_ERROR(AddSlot(r.request_id(), r.prompt_token_ids().data(), r.prompt_token_ids_size(),
                                    r.prompt_token_ids_size(), r.num_computed_tokens(), r.sampling().logprobs()));
   }
@@ -60,6 +88,7 @@ absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
     return Mismatch("cached request lists differ in length");
   }
   int resumed = 0;
+  cached_slots_.assign(c.request_ids_size(), kNoSlot);
   for (int i = 0; i < c.request_ids_size(); ++i) {
     const int64_t id = c.request_ids(i);
     if (c.resumed(i)) {
@@ -73,10 +102,12 @@ absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
       ++resumed;
       continue;
     }
-    auto it = slots_.find(id);
-    if (it == slots_.end()) return Mismatch(absl::StrCat("request ", id, " is not live on this worker"));
-    if (it->second.num_computed != c.num_computed_tokens(i)) {
-      return Mismatch(absl::StrCat("request ", id, ": the worker computed ", it->second.num_computed,
+    auto it = index_.find(id);
+    if (it == index_.end()) return Mismatch(absl::StrCat("request ", id, " is not live on this worker"));
+    cached_slots_[i] = it->second;
+    const Slot* slot = &slab_[it->second];
+    if (slot->num_computed != c.num_computed_tokens(i)) {
+      return Mismatch(absl::StrCat("request ", id, ": the worker computed ", slot->num_computed,
                                    " tokens, the scheduler says ", c.num_computed_tokens(i)));
     }
   }
@@ -84,11 +115,9 @@ absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
 }
 
 void FakeStageRunner::AppendToken(const Row& row, int32_t token) {
-  auto it = slots_.find(row.id);
-  // The request ended (or was preempted and resumed) since: its slot was
-  // rebuilt from the scheduler's tokens.
-  if (it == slots_.end() || it->second.generation != row.generation) return;
-  it->second.tokens.push_back(token);
+  // Null when the request ended (or was preempted and resumed) since: its
+  // slot was rebuilt from the scheduler's tokens.
+  if (Slot* slot = Live(row)) slot->tokens.push_back(token);
 }
 
 absl::Status FakeStageRunner::ReceiveOldestTokens() {
@@ -132,12 +161,21 @@ absl::Status FakeStageRunner::Execute(const v1::SchedulerOutput& step) {
   }
   Step done{step.step_seq(), {}};
   done.rows.reserve(rows);
+  const auto& cached = step.cached_requests().request_ids();
+  int next_cached = 0;
   for (int i = 0; i < rows; ++i) {
     const int64_t id = step.scheduled_request_ids(i);
     const int32_t count = step.num_scheduled_tokens(i);
-    auto it = slots_.find(id);
-    if (it == slots_.end()) return Mismatch(absl::StrCat("scheduled request ", id, " is not live"));
-    Slot& slot = it->second;
+    uint32_t index = kNoSlot;
+    // A step schedules its cached rows in the order it lists them (new rows
+    // apart), so their slots are usually the ones ApplyDiff found.
+    if (next_cached < cached.size() && cached[next_cached] == id) index = cached_slots_[next_cached++];
+    if (index == kNoSlot) {
+      auto it = index_.find(id);
+      if (it == index_.end()) return Mismatch(absl::StrCat("scheduled request ", id, " is not live"));
+      index = it->second;
+    }
+    Slot& slot = slab_[index];
     if (count < 1 || slot.num_computed + count > slot.total_len) {
       return Mismatch(absl::StrCat("request ", id, ": ", count, " tokens scheduled, but it has ", slot.total_len));
     }
@@ -147,7 +185,7 @@ absl::Status FakeStageRunner::Execute(const v1::SchedulerOutput& step) {
     }
     slot.num_computed += count;
     if (samples) ++slot.total_len;
-    if (samples || last_stage()) done.rows.push_back({id, slot.generation, samples, hidden_[i]});
+    if (samples || last_stage()) done.rows.push_back({id, index, slot.generation, samples, hidden_[i]});
   }
   if (!last_stage()) {
     TANDEM_RETURN_IF_ERROR(
@@ -196,9 +234,10 @@ absl::StatusOr<v1::ModelRunnerOutput> FakeStageRunner::Sample(const v1::SampleCo
     out.add_sampled_token_ids(token);
     token_message_.push_back(token);
     if (first_stage()) AppendToken(row, token);
-    auto slot = slots_.find(row.id);
-    if (slot != slots_.end() && slot->second.logprobs >= 0) {
-      logprob_rows[i] = slot->second.logprobs;
+    const Slot* slot = Live(row);
+    if (slot == nullptr) slot = Find(row.id);  // resumed since: the same request's setting
+    if (slot != nullptr && slot->logprobs >= 0) {
+      logprob_rows[i] = slot->logprobs;
       any_logprobs = true;
     }
   }

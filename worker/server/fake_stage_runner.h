@@ -20,7 +20,11 @@
 //
 // The digest is kept per request and extended by the tokens each step
 // computes, so a step costs O(rows), not O(context): what remains is the
-// control plane's own cost. Block ids are accepted and not used.
+// control plane's own cost. Block ids are accepted and not used. A request's
+// state lives in a slot of a slab, found by id once per row when a step
+// executes (when its diff is checked); the step's rows then name their slot
+// and its generation, so sampling reaches it without another lookup (and a slot ended or reused
+// since shows as a newer generation).
 //
 // Thread-compatible: the worker's compute thread.
 #ifndef TANDEM_WORKER_SERVER_FAKE_STAGE_RUNNER_H_
@@ -57,13 +61,13 @@ class FakeStageRunner {
   // executed and not sampled) and returns the scheduler's message for it.
   absl::StatusOr<v1::ModelRunnerOutput> Sample(const v1::SampleCommand& command);
 
-  size_t num_live_requests() const { return slots_.size(); }
+  size_t num_live_requests() const { return index_.size(); }
   // Tokens stage 0 knows for a live request (tests).
   std::vector<int32_t> Tokens(int64_t id) const;
 
  private:
   struct Slot {
-    uint64_t generation = 0;
+    uint64_t generation = 0;      // 0: free
     std::vector<int32_t> tokens;  // stage 0: prompt + sampled tokens received
     int32_t num_prompt = 0;
     int32_t total_len = 0;        // tokens known or being sampled
@@ -73,6 +77,7 @@ class FakeStageRunner {
   };
   struct Row {
     int64_t id;
+    uint32_t slot;
     uint64_t generation;
     bool samples;
     uint64_t digest;
@@ -87,6 +92,11 @@ class FakeStageRunner {
   absl::Status ApplyDiff(const v1::SchedulerOutput& step);
   absl::Status AddSlot(int64_t id, const int32_t* tokens, int32_t size, int32_t num_prompt, int32_t computed,
                        int32_t logprobs);
+  void EraseSlot(int64_t id);
+  // The live slot of `id`, or null.
+  Slot* Find(int64_t id);
+  // The row's slot if it still holds the row's request, or null.
+  Slot* Live(const Row& row);
   // Stage 0: runs the row's tokens through its digest, receiving the
   // sampled ids it lacks from the last stage.
   absl::StatusOr<uint64_t> Forward(int64_t id, Slot& slot, int32_t count);
@@ -95,7 +105,11 @@ class FakeStageRunner {
 
   const FakeStageOptions options_;
   uint64_t next_generation_ = 1;
-  absl::flat_hash_map<int64_t, Slot> slots_;
+  static constexpr uint32_t kNoSlot = ~uint32_t{0};
+  std::vector<Slot> slab_;
+  std::vector<uint32_t> free_slots_;
+  absl::flat_hash_map<int64_t, uint32_t> index_;  // live request -> its slot
+  std::vector<uint32_t> cached_slots_;  // the step's cached rows' slots (kNoSlot: resumed)
   std::deque<Step> executed_;  // last stage: executed, not yet sampled
   std::deque<Step> incoming_;  // stage 0 of a pipeline: sampled ids not yet received
   std::vector<uint64_t> hidden_;

@@ -1,7 +1,8 @@
 // FakeStageRunner (tandem-worker --fake-model): decode rows take the token
 // the group sampled (never sent by the scheduler), through the worker-to-
 // worker channel with two stages, and the tokens do not depend on the
-// number of stages; a step that disagrees with the runner's state is refused.
+// number of stages; a token sampled after its request ended reaches no other
+// request; a step that disagrees with the runner's state is refused.
 #include "worker/server/fake_stage_runner.h"
 
 #include <vector>
@@ -97,6 +98,24 @@ TEST(FakeStageRunnerTest, TwoStagesPassTokensOverTheChannelAndSampleTheSame) {
   }
   EXPECT_EQ(sampled, one_stage);
   EXPECT_THAT(first.Tokens(7), ElementsAre(1, 2, 3, sampled[0], sampled[1], sampled[2]));
+}
+
+TEST(FakeStageRunnerTest, ATokenSampledAfterItsRequestEndedGoesNowhere) {
+  FakeStageRunner runner({});
+  ASSERT_TRUE(runner.Execute(Prefill(1, 7, {1, 2, 3})).ok());
+  // Step 2, executed before step 1 is sampled, ends 7 and admits 9, which
+  // takes the slot 7 had.
+  v1::SchedulerOutput next = Prefill(2, 9, {4, 5});
+  next.add_finished_request_ids(7);
+  ASSERT_TRUE(runner.Execute(next).ok());
+  auto first = runner.Sample(SampleOf(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(first->request_ids(), ElementsAre(7));
+  EXPECT_EQ(runner.num_live_requests(), 1u);
+  EXPECT_THAT(runner.Tokens(9), ElementsAre(4, 5));  // 7's token is not 9's
+  auto second = runner.Sample(SampleOf(2));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT(runner.Tokens(9), ElementsAre(4, 5, second->sampled_token_ids(0)));
 }
 
 TEST(FakeStageRunnerTest, RefusesStepsThatDisagree) {
