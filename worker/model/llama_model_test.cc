@@ -259,21 +259,24 @@ INSTANTIATE_TEST_SUITE_P(Types, LlamaModelTest,
                          ::testing::Values(gguf::GgmlType::kF32, gguf::GgmlType::kQ8_0, gguf::GgmlType::kQ4_1));
 
 // A weight of `rows` x `cols` random values stored as `type` (F32 or a
-// quantized block format), as CpuBackend::LoadWeight leaves it.
+// quantized block format), loaded by CpuBackend::LoadWeight.
 Weight RandomWeight(CpuBackend& backend, std::mt19937& rng, gguf::GgmlType type, int64_t rows, int64_t cols) {
   std::normal_distribution<float> normal(0.0f, 0.5f);
   std::vector<float> values(rows * cols);
   for (float& v : values) v = normal(rng);
-  Weight w;
-  w.rows = rows;
-  w.cols = cols;
-  w.format = static_cast<int32_t>(type);
   const int64_t row_bytes = gguf::RowBytes(type, cols);
-  w.buffer = std::move(backend.Allocate(rows * row_bytes)).value();
+  std::vector<uint8_t> bytes(rows * row_bytes);
   for (int64_t r = 0; r < rows; ++r) {
-    EXPECT_TRUE(gguf::QuantizeRow(type, values.data() + r * cols, w.buffer->as<uint8_t>() + r * row_bytes, cols).ok());
+    EXPECT_TRUE(gguf::QuantizeRow(type, values.data() + r * cols, bytes.data() + r * row_bytes, cols).ok());
   }
-  return w;
+  gguf::GgufTensor tensor;
+  tensor.name = "random";
+  tensor.shape = {cols, rows};
+  tensor.type = type;
+  tensor.num_elements = rows * cols;
+  tensor.num_bytes = static_cast<int64_t>(bytes.size());
+  tensor.data = bytes.data();
+  return std::move(backend.LoadWeight(tensor)).value();
 }
 
 TEST(MatmulGroupTest, EachOutputEqualsItsOwnMatmul) {

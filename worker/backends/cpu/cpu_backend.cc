@@ -74,10 +74,16 @@ absl::StatusOr<Weight> CpuBackend::LoadWeight(const gguf::GgufTensor& tensor) {
   w.rows = tensor.shape[1];
   const auto type = static_cast<int32_t>(tensor.type);
   if (cpu::IsQuantizedFormat(type) && w.cols % 32 == 0) {
-    // Kept as stored: the kernels read the blocks themselves.
-    const size_t bytes = static_cast<size_t>(w.rows * cpu::QuantizedRowBytes(type, w.cols));
-    TANDEM_ASSIGN_OR_RETURN(w.buffer, Allocate(bytes));
-    std::memcpy(w.buffer->data(), tensor.data, bytes);
+    // Kept quantized, packed in groups of rows as the kernels read them.
+    TANDEM_ASSIGN_OR_RETURN(w.buffer, Allocate(static_cast<size_t>(cpu::PackedWeightBytes(type, w.rows, w.cols))));
+    auto* out = w.buffer->as<uint8_t>();
+    const int64_t row_bytes = cpu::QuantizedRowBytes(type, w.cols);
+    const int64_t groups = (w.rows + cpu::kGroupRows - 1) / cpu::kGroupRows;
+    pool_.ParallelFor(groups, 16, [&](int64_t begin, int64_t end, int32_t) {
+      const int64_t first = begin * cpu::kGroupRows;
+      const int64_t rows = std::min(w.rows, end * cpu::kGroupRows) - first;
+      cpu::PackWeightRows(type, tensor.data + first * row_bytes, rows, w.cols, out + first * row_bytes);
+    });
     w.format = type;
     return w;
   }
@@ -114,12 +120,14 @@ absl::Status CpuBackend::Embedding(const EmbeddingParams& p) {
   for (int32_t i = 0; i < p.num_tokens; ++i) {
     const TokenId id = p.ids[i];
     if (id < 0 || id >= p.table->rows) return Invalid("embedding", absl::StrCat("token id ", id, " out of range"));
-    const uint8_t* row = table + id * row_bytes;
     if (quantized) {
-      TANDEM_RETURN_IF_ERROR(
-          gguf::DequantizeRow(static_cast<gguf::GgmlType>(p.table->format), row, p.out + i * dim, dim));
+      // The row back in its GGUF blocks (LoadWeight packed it with its group).
+      embedding_row_.resize(row_bytes);
+      cpu::UnpackWeightRow(p.table->format, table, dim, id, embedding_row_.data());
+      TANDEM_RETURN_IF_ERROR(gguf::DequantizeRow(static_cast<gguf::GgmlType>(p.table->format),
+                                                 embedding_row_.data(), p.out + i * dim, dim));
     } else {
-      std::memcpy(p.out + i * dim, row, dim * sizeof(float));
+      std::memcpy(p.out + i * dim, table + id * row_bytes, dim * sizeof(float));
     }
   }
   return absl::OkStatus();

@@ -1,8 +1,9 @@
 // CpuBackend: the reference backend, multithreaded, runs everywhere. "Device"
 // memory is host memory; kernels run on the thread pool when they are
 // enqueued, so the stream order is program order and every event is complete
-// on return. Q4_0, Q4_1 and Q8_0 weights stay in their GGUF blocks and are
-// multiplied by quant_gemm.h's kernels; other types are expanded to float32
+// on return. Q4_0, Q4_1 and Q8_0 weights stay quantized, packed in groups of
+// four rows (quant_gemm.h), and are multiplied by quant_gemm.h's kernels;
+// other types are expanded to float32
 // at load (see README, Performance, for the measurements).
 //
 // Thread-compatible: driven by one thread; uses its own pool internally.
@@ -65,6 +66,7 @@ class CpuBackend : public Backend {
   ThreadPool pool_;
   cpu::QuantizedRows quantized_x_;                   // Matmul's x, quantized
   std::vector<std::vector<float>> dequant_scratch_;  // DequantGemm's tiles
+  std::vector<uint8_t> embedding_row_;               // Embedding's row unpacked
   std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
   std::vector<std::vector<float>> attention_scratch_;  // scores, one per pool thread
   // RoPE's tables, kept across calls: every layer of a step rotates at the

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/container/inlined_vector.h"
 #include "common/check.h"
@@ -50,6 +51,52 @@ void BlockInts(int32_t type, const uint8_t* block, int32_t* out) {
 
 // The AVX2 reduction order: (a0+a4)+(a2+a6) + (a1+a5)+(a3+a7).
 float SumLanes(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+// ---------------------------------------------------------------- packing
+
+// f16 fields per row and block: d, and Q4_1's m.
+int HalfFields(int32_t type) { return type == portable::kGgmlQ4_1 ? 2 : 1; }
+
+// One block of a packed group from the GGUF blocks of its rows (nullptr:
+// a padding row, all zero bytes).
+void PackBlock(int32_t type, const uint8_t* const src[kGroupRows], uint8_t* out) {
+  static constexpr uint8_t kZero[portable::kQ8_0BlockBytes] = {};
+  auto block = [&](int j) { return src[j] != nullptr ? src[j] : kZero; };
+  const int fields = HalfFields(type);
+  for (int f = 0; f < fields; ++f) {
+    for (int j = 0; j < kGroupRows; ++j) std::memcpy(out + 2 * (kGroupRows * f + j), block(j) + 2 * f, 2);
+  }
+  uint8_t* payload = out + 2 * kGroupRows * fields;
+  if (type == portable::kGgmlQ8_0) {
+    for (int j = 0; j < kGroupRows; ++j) std::memcpy(payload + 32 * j, block(j) + 2, 32);
+    return;
+  }
+  // GGUF's byte e holds elements e and e + 16; the pair's byte e holds
+  // element e of both rows.
+  auto nibble = [&](int j, int e) {
+    const uint8_t byte = block(j)[2 * fields + e % 16];
+    return e < 16 ? byte & 0x0f : byte >> 4;
+  };
+  for (int p = 0; p < 2; ++p) {
+    for (int e = 0; e < 32; ++e) payload[32 * p + e] = static_cast<uint8_t>(nibble(2 * p, e) | nibble(2 * p + 1, e) << 4);
+  }
+}
+
+// Row j's GGUF block from one block of a packed group.
+void UnpackBlock(int32_t type, const uint8_t* packed, int j, uint8_t* out) {
+  const int fields = HalfFields(type);
+  for (int f = 0; f < fields; ++f) std::memcpy(out + 2 * f, packed + 2 * (kGroupRows * f + j), 2);
+  const uint8_t* payload = packed + 2 * kGroupRows * fields;
+  if (type == portable::kGgmlQ8_0) {
+    std::memcpy(out + 2, payload + 32 * j, 32);
+    return;
+  }
+  const uint8_t* pair = payload + 32 * (j / 2);
+  const int shift = 4 * (j % 2);
+  for (int e = 0; e < 16; ++e) {
+    out[2 * fields + e] = static_cast<uint8_t>(((pair[e] >> shift) & 0x0f) | ((pair[e + 16] >> shift) & 0x0f) << 4);
+  }
+}
 
 // ---------------------------------------------------------------- AVX2
 
@@ -98,42 +145,45 @@ template <int32_t kType>
 constexpr int64_t kBlockBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0BlockBytes
                                 : kType == portable::kGgmlQ4_0 ? portable::kQ4_0BlockBytes
                                                                : portable::kQ4_1BlockBytes;
-
-// The 32 weights of a block as bytes: Q4_1 unsigned 0..15, Q4_0 -8..7, Q8_0 as stored.
+// Bytes of one block of a packed group (kGroupRows rows) and of its header.
 template <int32_t kType>
-__attribute__((target("avx2,fma,f16c"))) inline __m256i LoadWeights(const uint8_t* block) {
+constexpr int64_t kGroupBlockBytes = kGroupRows * kBlockBytes<kType>;
+template <int32_t kType>
+constexpr int64_t kHeaderBytes = kType == portable::kGgmlQ4_1 ? 16 : 8;
+
+// Row j's 32 weights of a packed group block as bytes: Q4_1 unsigned 0..15,
+// Q4_0 -8..7, Q8_0 as stored.
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i LoadGroupRow(const uint8_t* block, int j) {
+  const uint8_t* payload = block + kHeaderBytes<kType>;
   if constexpr (kType == portable::kGgmlQ8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * j));
   } else {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (kType == portable::kGgmlQ4_1 ? 4 : 2)));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    const __m256i nibbles = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+    const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * (j / 2)));
+    const __m256i nibbles = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(pair, 4) : pair, _mm256_set1_epi8(0x0f));
     if constexpr (kType == portable::kGgmlQ4_0) return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
     return nibbles;
   }
 }
 
-// The halves at p, p + stride, ... (NR of them, NR <= 4) in the low lanes.
-// Built in registers: four 2-byte stores read back as one 8-byte load would
-// miss store forwarding and stall every block.
-template <int NR>
-__attribute__((target("avx2,fma,f16c"))) inline __m128i LoadHalves(const uint8_t* p, int64_t stride) {
-  static_assert(NR >= 1 && NR <= 4);
-  auto half = [&](int j) { return static_cast<int16_t>(j < NR ? LoadLe16(p + j * stride) : 0); };
-  return _mm_setr_epi16(half(0), half(1), half(2), half(3), 0, 0, 0, 0);
+// The group block's four scales d and (Q4_1) mins m as float32.
+__attribute__((target("avx2,fma,f16c"))) inline __m128 LoadGroupScales(const uint8_t* block) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m128 LoadGroupMins(const uint8_t* block) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8)));
 }
 
-// y[i][j] (+)= dot(x row i0 + i, w row j) for an MR x NR tile. Each weight
-// block is unpacked once and multiplied by the MR rows of x, whose bytes are
-// read from L1 as memory operands: MR * NR accumulators, the unpacked block,
-// two constants and a temporary fill the 16 registers (an x row held in a
-// register as well would spill accumulators). `prefetch`: fetch the weight
-// rows two tiles ahead (the first pass over them streams from DRAM).
-template <int32_t kType, int MR, int NR>
+// y[i][j] (+)= dot(x row i0 + i, row j of the packed group w) for an MR x 4
+// tile. Each weight block is unpacked once and multiplied by the MR rows of
+// x, whose bytes are read from L1 as memory operands: MR * 4 accumulators,
+// the unpacked block, two constants and a temporary fill the 16 registers
+// (an x row held in a register as well would spill accumulators).
+template <int32_t kType, int MR>
 __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
-                                                   int64_t row_bytes, float* y, int64_t ldy, bool accumulate,
-                                                   bool prefetch) {
-  constexpr int64_t kBytes = kBlockBytes<kType>;
+                                                   float* y, int64_t ldy, bool accumulate) {
+  constexpr int NR = kGroupRows;
+  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   const int64_t k = x.k;
   const int64_t nb = k / kBlock;
   const int8_t* xq = x.q.data() + i0 * k;
@@ -145,11 +195,6 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   }
-  // The NR rows are contiguous; their blocks are read interleaved, four short
-  // streams the hardware prefetcher does not pick up, so fetch the rows two
-  // tiles ahead a few lines per block (a decode's matmul streams from DRAM).
-  const uint8_t* ahead = w + 2 * NR * row_bytes;
-  const int64_t ahead_step = (NR * row_bytes + nb - 1) / nb;
   // The pairs' scales d_w * d_x of a run of blocks are computed first and
   // read back as broadcasts from memory: built in registers, they cost two
   // shuffles a pair and spill accumulators.
@@ -158,21 +203,16 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   for (int64_t run = 0; run < nb; run += kRun) {
     const int64_t run_end = std::min(nb, run + kRun);
     for (int64_t b = run; b < run_end; ++b) {
-      const __m128 wd = _mm_cvtph_ps(LoadHalves<NR>(w + b * kBytes, row_bytes));
+      const __m128 wd = LoadGroupScales(w + b * kBytes);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) _mm_store_ps(scales[b - run][i], _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
     }
     for (int64_t b = run; b < run_end; ++b) {
-      if (prefetch) {
-        for (int64_t off = b * ahead_step; off < (b + 1) * ahead_step; off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
-        }
-      }
       const float* scale = scales[b - run][0];
       const int8_t* xb = xq + b * kBlock;
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) {
-        const __m256i wv = LoadWeights<kType>(w + j * row_bytes + b * kBytes);
+        const __m256i wv = LoadGroupRow<kType>(w + b * kBytes, j);
         const __m256i wabs = kType == portable::kGgmlQ4_1 ? wv : _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
@@ -192,7 +232,7 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   if constexpr (kType == portable::kGgmlQ4_1) {
     const float* xsum = x.s.data() + i0 * nb;
     for (int64_t b = 0; b < nb; ++b) {
-      const __m128 m = _mm_cvtph_ps(LoadHalves<NR>(w + b * kBytes + 2, row_bytes));
+      const __m128 m = LoadGroupMins(w + b * kBytes);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) min[i] = _mm_fmadd_ps(m, _mm_set1_ps(xsum[i * nb + b]), min[i]);
     }
@@ -210,59 +250,91 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
 
 // ---------------------------------------------------------------- AVX2, one row
 
-// y[0][j] (+)= dot(x row i0, w row j) for j < 4: TileAvx2<kType, 1, 4> in one
-// pass over the blocks, for a decode's GEMV. With one row of x there are
-// registers to spare: the x block is loaded once, the four d_w * d_x are one
-// vector whose lanes are broadcast in registers (TileAvx2 stores them and
-// reads them back), and Q4_1's min term is accumulated in the same pass
-// instead of a second walk over the blocks. The same fma per lane and block,
-// the same min term and lane sums as TileAvx2, so the same bits.
+// GemvGroupAvx2's block of row j: its integer partials (Q4_0: from the
+// nibbles, less x8 = 8 * the x pair sums) times d_w * d_x, lane j of
+// `scales`' 128-bit halves, into acc.
+template <int32_t kType, int j>
+__attribute__((target("avx2,fma,f16c"))) inline void GemvRowAvx2(__m256i wq, __m256i xv, __m256i x8, __m256 scales,
+                                                             __m256& acc) {
+  __m256i p16;
+  if constexpr (kType == portable::kGgmlQ8_0) {
+    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
+  } else if constexpr (kType == portable::kGgmlQ4_0) {
+    p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(wq, xv), x8);
+  } else {
+    p16 = _mm256_maddubs_epi16(wq, xv);
+  }
+  const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+  acc = _mm256_fmadd_ps(_mm256_permute_ps(scales, j * 0x55), _mm256_cvtepi32_ps(p32), acc);
+}
+
+// y[j] (+)= dot(x row i0, row j of the packed group w) for j < 4: TileAvx2<kType,
+// 1> in one pass over the blocks, for a decode's GEMV. Per block: one x load,
+// the header's scales (and Q4_1's mins) converted by one instruction, the
+// four d_w * d_x broadcast within 128-bit lanes from a register, Q4_1's min
+// term accumulated in the same pass; Q4_0's weights enter maddubs as their
+// nibbles 0..15 and 8 * (x pair sum) is subtracted from each 16-bit pair
+// sum (exact: |(q - 8) x| pairs stay under 2^15), which saves the two sign
+// operations per row that the signed types otherwise need. The same integer
+// partials, the same fma per lane and block, the same min term and lane sums
+// as TileAvx2, so the same bits.
 template <int32_t kType>
-__attribute__((target("avx2,fma,f16c"))) void GemvTileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
-                                                       int64_t row_bytes, float* y, bool accumulate) {
-  constexpr int NR = 4;
-  constexpr int64_t kBytes = kBlockBytes<kType>;
-  constexpr bool kSigned = kType != portable::kGgmlQ4_1;
-  const int64_t k = x.k;
-  const int64_t nb = k / kBlock;
-  const int8_t* xq = x.q.data() + i0 * k;
+__attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
+                                                        float* y, bool accumulate) {
+  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
+  // The groups two ahead, a block's lines per block: from DRAM the hardware
+  // prefetcher alone left one thread at 8-10 GB/s on a linear stream (this
+  // VM's 4 KiB pages); with this 12-14 (the lead's gemv_bench, Q4_1 and Q8_0).
+  const uint8_t* ahead = w + 2 * kGroupRows * QuantizedRowBytes(kType, x.k);
+  constexpr int64_t kHeader = kHeaderBytes<kType>;
+  const int64_t nb = x.k / kBlock;
+  const int8_t* xq = x.q.data() + i0 * x.k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xs = x.s.data() + i0 * nb;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[NR];
-#pragma GCC unroll 4
-  for (int j = 0; j < NR; ++j) acc[j] = _mm256_setzero_ps();
-  __m128 min = _mm_setzero_ps();
-  // Prefetch as TileAvx2 does: the rows two groups ahead, spread over the blocks.
-  const uint8_t* ahead = w + 2 * NR * row_bytes;
-  const int64_t ahead_step = (NR * row_bytes + nb - 1) / nb;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 min = _mm256_setzero_ps();  // Q4_1: lanes 4-7 are the rows' min terms
   for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t off = b * ahead_step; off < (b + 1) * ahead_step; off += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
-    }
     const uint8_t* block = w + b * kBytes;
-    const __m256 scales =
-        _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(LoadHalves<NR>(block, row_bytes)), _mm_set1_ps(xd[b])));
-    if constexpr (kType == portable::kGgmlQ4_1) {
-      min = _mm_fmadd_ps(_mm_cvtph_ps(LoadHalves<NR>(block + 2, row_bytes)), _mm_set1_ps(xs[b]), min);
+    // Points 64 bytes apart or less over the whole stream touch every line.
+#pragma GCC unroll 4
+    for (int64_t line = 0; line < (kBytes + 63) / 64; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kBytes + 64 * line), _MM_HINT_T0);
     }
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      const __m256i wv = LoadWeights<kType>(block + j * row_bytes);
-      const __m256i wabs = kSigned ? _mm256_sign_epi8(wv, wv) : wv;
-      const __m256i xsigned = kSigned ? _mm256_sign_epi8(xv, wv) : xv;
-      const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsigned), ones);
-      const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(j));
-      acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p32), acc[j]);
+    __m128 scale4;
+    if constexpr (kType == portable::kGgmlQ4_1) {
+      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      scale4 = _mm_mul_ps(_mm256_castps256_ps128(dm), _mm_set1_ps(xd[b]));
+      min = _mm256_fmadd_ps(dm, _mm256_set1_ps(xs[b]), min);
+    } else {
+      scale4 = _mm_mul_ps(LoadGroupScales(block), _mm_set1_ps(xd[b]));
     }
+    const __m256 scales = _mm256_set_m128(scale4, scale4);
+    __m256i wq[4];
+    if constexpr (kType == portable::kGgmlQ8_0) {
+      for (int j = 0; j < 4; ++j) wq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kHeader + 32 * j));
+    } else {
+      for (int p = 0; p < 2; ++p) {
+        const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kHeader + 32 * p));
+        wq[2 * p] = _mm256_and_si256(pair, low4);
+        wq[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(pair, 4), low4);
+      }
+    }
+    __m256i x8 = _mm256_setzero_si256();
+    if constexpr (kType == portable::kGgmlQ4_0) x8 = _mm256_maddubs_epi16(_mm256_set1_epi8(8), xv);
+    GemvRowAvx2<kType, 0>(wq[0], xv, x8, scales, acc[0]);
+    GemvRowAvx2<kType, 1>(wq[1], xv, x8, scales, acc[1]);
+    GemvRowAvx2<kType, 2>(wq[2], xv, x8, scales, acc[2]);
+    GemvRowAvx2<kType, 3>(wq[3], xv, x8, scales, acc[3]);
   }
   // The four lane sums at once in SumLanes' order, as PackedTileAvx2.
-  __m128 h[NR];
+  __m128 h[4];
 #pragma GCC unroll 4
-  for (int j = 0; j < NR; ++j) h[j] = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+  for (int j = 0; j < 4; ++j) h[j] = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
   _MM_TRANSPOSE4_PS(h[0], h[1], h[2], h[3]);
-  __m128 v = _mm_add_ps(_mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3])), min);
+  __m128 v = _mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3]));
+  v = _mm_add_ps(v, _mm256_extractf128_ps(min, 1));  // + 0 for the others, as the reference adds
   if (accumulate) v = _mm_add_ps(_mm_loadu_ps(y), v);
   _mm_storeu_ps(y, v);
 }
@@ -285,10 +357,10 @@ struct PackedGroup {
 
 constexpr int kPackedMaxMR = 4;
 
-template <int32_t kType, int NR>
-__attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, int64_t row_bytes, int64_t nb,
-                                                         PackedGroup* g) {
-  constexpr int64_t kBytes = kBlockBytes<kType>;
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, int64_t nb, PackedGroup* g) {
+  constexpr int NR = kGroupRows;
+  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   constexpr bool kSigned = kType != portable::kGgmlQ4_1;
   if (g->u.size() < static_cast<size_t>(nb * NR * 32)) {
     g->u.resize(nb * NR * 32);
@@ -297,16 +369,16 @@ __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, in
     g->m.resize(nb * NR);
     g->scales.resize(nb * NR * kPackedMaxMR);
   }
-  // Row by row: the group's rows are contiguous, one stream to prefetch.
-  for (int j = 0; j < NR; ++j) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* block = w + j * row_bytes + b * kBytes;
-      const __m256i wv = LoadWeights<kType>(block);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = w + b * kBytes;
+    _mm_storeu_ps(g->d.data() + b * NR, LoadGroupScales(block));
+    if (kType == portable::kGgmlQ4_1) _mm_storeu_ps(g->m.data() + b * NR, LoadGroupMins(block));
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const __m256i wv = LoadGroupRow<kType>(block, j);
       const int64_t at = (b * NR + j) * 32;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->u.data() + at), kSigned ? _mm256_sign_epi8(wv, wv) : wv);
       if (kSigned) _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->s.data() + at), wv);
-      g->d[b * NR + j] = HalfToFloat(LoadLe16(block));
-      if (kType == portable::kGgmlQ4_1) g->m[b * NR + j] = HalfToFloat(LoadLe16(block + 2));
     }
   }
 }
@@ -388,44 +460,53 @@ __attribute__((target("avx2,fma,f16c"))) void PackedTileAvx2(const QuantizedRows
 
 // Rows [i_begin, i_end) of x against `rows` weight rows, in chunks of x
 // rows that stay in L1 while each group of NR weight rows passes over them.
+// The last group of a matrix whose rows are not a multiple of kGroupRows
+// (padded with zero rows): one row of x at a time into a 4-wide buffer, of
+// which the real rows' results are copied out.
+template <int32_t kType>
+__attribute__((target("avx2,fma,f16c"))) void RaggedGroupAvx2(const QuantizedRows& x, int64_t i_begin,
+                                                           int64_t i_end, const uint8_t* w, int64_t rows, float* y,
+                                                           int64_t ldy, bool accumulate) {
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    float out[kGroupRows] = {};
+    if (accumulate) std::copy(y + i * ldy, y + i * ldy + rows, out);
+    GemvGroupAvx2<kType>(x, i, w, out, accumulate);
+    std::copy(out, out + rows, y + i * ldy);
+  }
+}
+
+// Rows [i_begin, i_end) of x against `rows` packed weight rows (from a group
+// boundary), in chunks of x rows that stay in L1 while each group of weight
+// rows passes over them.
 template <int32_t kType>
 __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, int64_t i_begin, int64_t i_end,
                                                         const uint8_t* w, int64_t rows, int64_t row_bytes, float* y,
                                                         int64_t ldy, bool accumulate) {
   constexpr int kMR = 3;
-  constexpr int kNR = 4;
-  // From this many rows of x in a chunk, each group of kNR weight rows is
+  // From this many rows of x in a chunk, each group of weight rows is
   // unpacked once for the chunk (PackedGroup) rather than once per tile.
   constexpr int64_t kPackedMinRows = 6;
+  const int64_t full = rows / kGroupRows * kGroupRows;
   const int64_t chunk = std::max<int64_t>(kMR, kChunkBytes / x.k / kMR * kMR);
   for (int64_t c = i_begin; c < i_end; c += chunk) {
     const int64_t c_end = std::min(i_end, c + chunk);
-    int64_t j = 0;
     if (c_end - c >= kPackedMinRows) {
       thread_local PackedGroup group;
-      for (; j + kNR <= rows; j += kNR) {
-        PackGroupAvx2<kType, kNR>(w + j * row_bytes, row_bytes, x.k / kBlock, &group);
+      for (int64_t j = 0; j < full; j += kGroupRows) {
+        PackGroupAvx2<kType>(w + j * row_bytes, x.k / kBlock, &group);
         int64_t i = c;
         for (; i + kMR <= c_end; i += kMR) PackedTileAvx2<kType, kMR>(x, i, group, y + i * ldy + j, ldy, accumulate);
         for (; i < c_end; ++i) PackedTileAvx2<kType, 1>(x, i, group, y + i * ldy + j, ldy, accumulate);
       }
-    }
-    for (; j + kNR <= rows; j += kNR) {
-      const uint8_t* wj = w + j * row_bytes;
-      int64_t i = c;
-      for (; i + kMR <= c_end; i += kMR) {
-        TileAvx2<kType, kMR, kNR>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
+    } else {
+      for (int64_t j = 0; j < full; j += kGroupRows) {
+        const uint8_t* wj = w + j * row_bytes;
+        int64_t i = c;
+        for (; i + kMR <= c_end; i += kMR) TileAvx2<kType, kMR>(x, i, wj, y + i * ldy + j, ldy, accumulate);
+        for (; i < c_end; ++i) GemvGroupAvx2<kType>(x, i, wj, y + i * ldy + j, accumulate);
       }
-      for (; i < c_end; ++i) GemvTileAvx2<kType>(x, i, wj, row_bytes, y + i * ldy + j, accumulate);
     }
-    for (; j < rows; ++j) {
-      const uint8_t* wj = w + j * row_bytes;
-      int64_t i = c;
-      for (; i + kMR <= c_end; i += kMR) {
-        TileAvx2<kType, kMR, 1>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
-      }
-      for (; i < c_end; ++i) TileAvx2<kType, 1, 1>(x, i, wj, row_bytes, y + i * ldy + j, ldy, accumulate, i == c);
-    }
+    if (full < rows) RaggedGroupAvx2<kType>(x, c, c_end, w + full * row_bytes, rows - full, y + full, ldy, accumulate);
   }
 }
 
@@ -433,9 +514,11 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
 
 void RowsReference(const QuantizedRows& x, int64_t i_begin, int64_t i_end, const uint8_t* w, int32_t type,
                    int64_t rows, int64_t row_bytes, float* y, int64_t ldy, bool accumulate) {
-  for (int64_t i = i_begin; i < i_end; ++i) {
-    for (int64_t j = 0; j < rows; ++j) {
-      const float v = QuantDotReference(x, i, w + j * row_bytes, type);
+  std::vector<uint8_t> row(row_bytes);
+  for (int64_t j = 0; j < rows; ++j) {
+    UnpackWeightRow(type, w, x.k, j, row.data());
+    for (int64_t i = i_begin; i < i_end; ++i) {
+      const float v = QuantDotReference(x, i, row.data(), type);
       float& out = y[i * ldy + j];
       out = accumulate ? out + v : v;
     }
@@ -489,6 +572,30 @@ bool IsQuantizedFormat(int32_t type) {
 }
 
 int64_t QuantizedRowBytes(int32_t type, int64_t k) { return k / kBlock * BlockBytes(type); }
+
+int64_t PackedWeightBytes(int32_t type, int64_t n, int64_t k) {
+  return (n + kGroupRows - 1) / kGroupRows * kGroupRows * QuantizedRowBytes(type, k);
+}
+
+void PackWeightRows(int32_t type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* out) {
+  const int64_t bytes = BlockBytes(type);
+  const int64_t row_bytes = QuantizedRowBytes(type, k);
+  for (int64_t g = 0; g < n; g += kGroupRows) {
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+      const uint8_t* src[kGroupRows];
+      for (int j = 0; j < kGroupRows; ++j) src[j] = g + j < n ? rows + (g + j) * row_bytes + b * bytes : nullptr;
+      PackBlock(type, src, out + g * row_bytes + b * kGroupRows * bytes);
+    }
+  }
+}
+
+void UnpackWeightRow(int32_t type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* out) {
+  const int64_t bytes = BlockBytes(type);
+  const uint8_t* group = packed + (row - row % kGroupRows) * QuantizedRowBytes(type, k);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    UnpackBlock(type, group + b * kGroupRows * bytes, static_cast<int>(row % kGroupRows), out + b * bytes);
+  }
+}
 
 void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
@@ -597,9 +704,12 @@ void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t j = task * kDequantRows;
       const int64_t rows = std::min(kDequantRows, n - j);
+      thread_local std::vector<uint8_t> row;  // a weight row back in its GGUF blocks
+      row.resize(row_bytes);
       for (int64_t r = 0; r < rows; ++r) {
         // The float path of old: the same values as a weight expanded at load.
-        const absl::Status s = gguf::DequantizeRow(static_cast<gguf::GgmlType>(type), w + (j + r) * row_bytes,
+        UnpackWeightRow(type, w, k, j + r, row.data());
+        const absl::Status s = gguf::DequantizeRow(static_cast<gguf::GgmlType>(type), row.data(),
                                                    tile.data() + r * k, k);
         TANDEM_CHECK(s.ok()) << s;
       }

@@ -21,6 +21,16 @@
 // kernels compute exactly that, so their results equal the reference bit for
 // bit and do not depend on the rows of x beside a row (batch invariance).
 //
+// The kernels read weights packed at load (PackWeightRows) in groups of
+// kGroupRows rows: per 32-element block, the group's four f16 scales (then
+// Q4_1's four f16 mins) side by side, then the rows' weights: Q8_0's four
+// rows of 32 bytes; for Q4_0/Q4_1 two 32-byte runs, rows (0, 1) and (2, 3),
+// whose byte e holds element e of the first row in its low nibble and of the
+// second in its high one. The same bytes as the GGUF blocks (a group is four
+// rows' worth; a last partial group is padded with zero rows), read as one
+// linear stream: a GEMV block of four rows costs one header load and, for
+// Q4, two 32-byte loads and three operations per two rows to unpack.
+//
 // Thread-compatible: one caller at a time per pool and per scratch.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
 #define TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
@@ -37,6 +47,17 @@ bool IsQuantizedFormat(int32_t ggml_type);
 // Bytes of one weight row of `k` elements. REQUIRES: IsQuantizedFormat, k % 32 == 0.
 int64_t QuantizedRowBytes(int32_t ggml_type, int64_t k);
 
+// Weight rows per packed group.
+inline constexpr int64_t kGroupRows = 4;
+// Bytes of n rows of `k` elements packed (n rounded up to a whole group).
+int64_t PackedWeightBytes(int32_t ggml_type, int64_t n, int64_t k);
+// Packs n GGUF rows of `k` elements (n * QuantizedRowBytes bytes at `rows`)
+// into `out` (PackedWeightBytes). Row j's group starts at out + (j - j % 4) *
+// QuantizedRowBytes, as row j would unpacked.
+void PackWeightRows(int32_t ggml_type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* out);
+// Row `row` of packed weights back in its GGUF blocks (QuantizedRowBytes at `out`).
+void UnpackWeightRow(int32_t ggml_type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* out);
+
 // Rows of x quantized per 32-element block. Row i's block b is q[i * k + 32 b
 // ...], scale d[i * k / 32 + b], and s = d * sum(q) of the block.
 struct QuantizedRows {
@@ -52,12 +73,12 @@ void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, Quanti
 // The scalar definition of a quantized row (used on CPUs without AVX2).
 void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float* s);
 
-// y = x w^T (+ y) on quantized x. w is n rows of QuantizedRowBytes(type, k).
+// y = x w^T (+ y) on quantized x. w is n rows packed by PackWeightRows.
 void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t ggml_type, int64_t n,
                float* y, bool accumulate);
 // One weight of QuantGemmGroup and where its product goes.
 struct QuantGemmOutput {
-  const uint8_t* w;  // n rows of QuantizedRowBytes(ggml_type, x.k)
+  const uint8_t* w;  // n rows packed by PackWeightRows
   int32_t ggml_type;
   int64_t n;
   float* y;          // [x.m, n]
@@ -67,10 +88,11 @@ struct QuantGemmOutput {
 // decode step's small matrices give each thread work in one wake-up instead
 // of one per matrix); each output the same bits as QuantGemm's.
 void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOutput* outputs, int32_t count);
-// The scalar definition of one output: dot(row `i` of x, weight row `w_row`).
+// The scalar definition of one output: dot(row `i` of x, weight row `w_row`
+// in its GGUF blocks).
 float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row, int32_t ggml_type);
 
-// y = x w^T (+ y) on float x, expanding `w` to float32 a tile at a time in
+// y = x w^T (+ y) on float x, expanding `w` (packed) to float32 a tile at a time in
 // `scratch` (one vector per pool thread, resized as needed).
 void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, int32_t ggml_type, int64_t n,
                  int64_t k, float* y, bool accumulate, std::vector<std::vector<float>>* scratch);

@@ -50,17 +50,25 @@ class QuantGemmTest : public ::testing::TestWithParam<GgmlType> {
  protected:
   int32_t type() const { return static_cast<int32_t>(GetParam()); }
 
+  // n GGUF rows as the kernels read them.
+  std::vector<uint8_t> Pack(const std::vector<uint8_t>& w, int64_t n, int64_t k) const {
+    std::vector<uint8_t> packed(PackedWeightBytes(type(), n, k), 0xa5);
+    PackWeightRows(type(), w.data(), n, k, packed.data());
+    return packed;
+  }
+
   // QuantGemm of random m x k activations by n random weight rows equals
   // QuantDotReference bit for bit, with and without accumulation.
   void ExpectReferenceBits(ThreadPool& pool, std::mt19937& rng, int64_t m, int64_t n, int64_t k) {
     std::vector<float> dense;
     const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
     const std::vector<float> x = RandomActivations(rng, m, k);
+    const std::vector<uint8_t> packed = Pack(w, n, k);
     QuantizedRows xq;
     QuantizeRows(pool, x.data(), m, k, &xq);
     for (bool accumulate : {false, true}) {
       std::vector<float> y(m * n, 0.25f);
-      QuantGemm(pool, xq, w.data(), type(), n, y.data(), accumulate);
+      QuantGemm(pool, xq, packed.data(), type(), n, y.data(), accumulate);
       const int64_t row_bytes = QuantizedRowBytes(type(), k);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
@@ -121,7 +129,7 @@ TEST_P(QuantGemmTest, ErrorWithinWhatEightBitActivationsAllow) {
   QuantizedRows xq;
   QuantizeRows(pool, x.data(), m, k, &xq);
   std::vector<float> y(m * n);
-  QuantGemm(pool, xq, w.data(), type(), n, y.data(), false);
+  QuantGemm(pool, xq, Pack(w, n, k).data(), type(), n, y.data(), false);
   double worst_share = 0;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -149,8 +157,27 @@ TEST_P(QuantGemmTest, FloatPathEqualsTheFloatGemmOfExpandedWeights) {
   std::vector<float> want(m * n), got(m * n);
   Gemm(pool, x.data(), m, dense.data(), n, k, want.data(), false);
   std::vector<std::vector<float>> scratch;
-  DequantGemm(pool, x.data(), m, w.data(), type(), n, k, got.data(), false, &scratch);
+  DequantGemm(pool, x.data(), m, Pack(w, n, k).data(), type(), n, k, got.data(), false, &scratch);
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+}
+
+TEST_P(QuantGemmTest, PackingKeepsEveryRowsBlocks) {
+  // Every row unpacks to its GGUF bytes, a partial last group included, and
+  // the packed size is the rows' own rounded up to whole groups.
+  std::mt19937 rng(6);
+  const int64_t k = 96;
+  const int64_t row_bytes = QuantizedRowBytes(type(), k);
+  for (int64_t n : {1, 3, 4, 5, 8, 11}) {
+    std::vector<float> dense;
+    const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
+    const std::vector<uint8_t> packed = Pack(w, n, k);
+    EXPECT_EQ(static_cast<int64_t>(packed.size()), (n + 3) / 4 * 4 * row_bytes);
+    std::vector<uint8_t> row(row_bytes);
+    for (int64_t j = 0; j < n; ++j) {
+      UnpackWeightRow(type(), packed.data(), k, j, row.data());
+      EXPECT_EQ(std::memcmp(row.data(), w.data() + j * row_bytes, row_bytes), 0) << "n=" << n << " row " << j;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantGemmTest, ::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
@@ -187,8 +214,11 @@ TEST(QuantGemmEdgeTest, Q8_0WeightOfMinus128) {
   std::vector<float> x(32, 1.0f);
   QuantizedRows xq;
   QuantizeRows(pool, x.data(), 1, 32, &xq);
+  const auto type = static_cast<int32_t>(GgmlType::kQ8_0);
+  std::vector<uint8_t> packed(PackedWeightBytes(type, 1, 32));
+  PackWeightRows(type, w.data(), 1, 32, packed.data());
   float y = 0;
-  QuantGemm(pool, xq, w.data(), static_cast<int32_t>(GgmlType::kQ8_0), 1, &y, false);
+  QuantGemm(pool, xq, packed.data(), type, 1, &y, false);
   EXPECT_FLOAT_EQ(y, 16 * (127.0f - 128.0f));
 }
 
