@@ -9,8 +9,11 @@
 //                    output projection; 3 and 4: the first 128 rows of 0 and
 //                    2, in L2) on the quantized path (F=0) or the float path
 //                    (F=1); bytes_per_second counts weight bytes
-//   BM_ReadBandwidth  the machine's memory read bandwidth (a 256 MiB sum),
+//   BM_ReadBandwidth/H  the machine's memory read bandwidth (a 256 MiB sum
+//                    read with AVX2, in 4 KiB pages (H=0) or 2 MiB ones),
 //                    the bound of a batch-1 decode step
+//   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
+//                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
 //   BM_ParallelForOverhead  one ParallelFor of empty chunks: the cost of
 //                    waking the pool, paid about 450 times per step
 //   BM_ComputeScaling  a fixed amount of register-only FMA work split over
@@ -21,6 +24,9 @@
 //
 //   build/bin/model_bench --threads=2   (default: 2)
 //   --float-gemm-min-rows=N  CpuBackendOptions::float_gemm_min_rows
+#include <immintrin.h>
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -31,9 +37,11 @@
 
 #include "benchmark/benchmark.h"
 #include "common/check.h"
+#include "common/gguf/ggml_types.h"
 #include "common/gguf/gguf_file.h"
 #include "common/gguf/llama_config.h"
 #include "worker/backends/cpu/cpu_backend.h"
+#include "worker/backends/cpu/quant_gemm.h"
 #include "worker/model/llama_model.h"
 
 namespace tandem::worker {
@@ -196,26 +204,99 @@ BENCHMARK(BM_Matmul)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// `bytes` of zeroed memory at a 2 MiB boundary, in 2 MiB pages (transparent
+// huge pages, where the kernel grants them) or in 4 KiB ones.
+class PagedMemory {
+ public:
+  PagedMemory(size_t bytes, bool huge) : mapped_(bytes + kHuge) {
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TANDEM_CHECK(p != MAP_FAILED);
+    base_ = static_cast<uint8_t*>(p);
+    data_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base_) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+    madvise(data_, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(data_, 0, bytes);
+  }
+  ~PagedMemory() { munmap(base_, mapped_); }
+  uint8_t* data() { return data_; }
+
+ private:
+  static constexpr size_t kHuge = size_t{2} << 20;
+  size_t mapped_;
+  uint8_t* base_;
+  uint8_t* data_;
+};
+
+// Sums `bytes` at p (a multiple of 128) as 64-bit lanes, four AVX2 loads at
+// a time: the read bandwidth a kernel streaming weights could reach.
+__attribute__((target("avx2"))) int64_t SumAvx2(const uint8_t* p, int64_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  return _mm256_extract_epi64(a0, 0) + _mm256_extract_epi64(a0, 1) + _mm256_extract_epi64(a0, 2) +
+         _mm256_extract_epi64(a0, 3);
+}
+
 void BM_ReadBandwidth(benchmark::State& state) {
-  std::vector<double> data((size_t{256} << 20) / sizeof(double), 1.0);
+  constexpr int64_t kBytes = int64_t{256} << 20;
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (!__builtin_cpu_supports("avx2")) {
+    state.SkipWithError("needs AVX2");
+    return;
+  }
+  PagedMemory memory(kBytes, state.range(0) != 0);
   ThreadPool pool(g_threads);
-  std::vector<double> sums(g_threads);
+  std::vector<int64_t> sums(g_threads);
   for (auto _ : state) {
-    pool.ParallelFor(static_cast<int64_t>(data.size()), 1 << 16, [&](int64_t begin, int64_t end, int32_t t) {
-      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t i = begin; i + 4 <= end; i += 4) {
-        s0 += data[i];
-        s1 += data[i + 1];
-        s2 += data[i + 2];
-        s3 += data[i + 3];
-      }
-      sums[t] += s0 + s1 + s2 + s3;
+    pool.ParallelFor(kBytes / kChunk, 1, [&](int64_t begin, int64_t end, int32_t t) {
+      sums[t] += SumAvx2(memory.data() + begin * kChunk, (end - begin) * kChunk);
     });
     benchmark::DoNotOptimize(sums.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(data.size() * sizeof(double)));
+  state.SetBytesProcessed(state.iterations() * kBytes);
+  state.SetLabel(state.range(0) ? "2 MiB pages" : "4 KiB pages");
 }
-BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ReadBandwidth)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One row of x (k = 576, SmolLM2's width) by N weight rows of type T
+// (2: Q4_0, 3: Q4_1, 8: Q8_0), packed as CpuBackend::LoadWeight packs them,
+// in 4 KiB (H=0) or 2 MiB pages (H=1): the decode GEMV alone. 384 rows stay
+// in L2 (the kernel's arithmetic sets the time); 196,608 rows (69 MB of Q4_1)
+// stream from DRAM. bytes_per_second counts weight bytes, items_per_second
+// weight rows (a thread's ns per row: 1e9 * --threads / items_per_second).
+void BM_Gemv(benchmark::State& state) {
+  const auto type = static_cast<int32_t>(state.range(0));
+  const int64_t n = state.range(1);
+  constexpr int64_t k = 576;
+  std::mt19937 rng(1);
+  const int64_t row_bytes = cpu::QuantizedRowBytes(type, k);
+  std::vector<float> row(k);
+  std::vector<uint8_t> gguf_rows(n * row_bytes);
+  std::normal_distribution<float> normal;
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& v : row) v = normal(rng);
+    TANDEM_CHECK_OK(gguf::QuantizeRow(static_cast<gguf::GgmlType>(type), row.data(), &gguf_rows[r * row_bytes], k));
+  }
+  PagedMemory w(cpu::PackedWeightBytes(type, n, k), state.range(2) != 0);
+  cpu::PackWeightRows(type, gguf_rows.data(), n, k, w.data());
+  gguf_rows = {};
+  for (float& v : row) v = normal(rng);
+  ThreadPool pool(g_threads);
+  cpu::QuantizedRows x;
+  cpu::QuantizeRows(pool, row.data(), 1, k, &x);
+  std::vector<float> y(n);
+  for (auto _ : state) cpu::QuantGemm(pool, x, w.data(), type, n, y.data(), false);
+  state.SetBytesProcessed(state.iterations() * n * row_bytes);
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_Gemv)
+    ->ArgsProduct({{2, 3, 8}, {384, 196608}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_ParallelForOverhead(benchmark::State& state) {
   ThreadPool pool(g_threads);
