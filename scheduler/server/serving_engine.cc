@@ -181,22 +181,34 @@ void ServingEngine::Admit(Submission submission) {
     FailWith(id, submission.sink, s);
     return;
   }
-  sinks_[id] = std::move(submission.sink);
+  if (!sinks_.insert_or_assign(id, std::move(submission.sink)).second) sink_order_.clear();  // a sink replaced
+}
+
+RequestSink* ServingEngine::FindSink(size_t position, RequestId id) {
+  auto it = sinks_.find(id);
+  if (it == sinks_.end()) return nullptr;
+  if (position >= sink_order_.size()) sink_order_.resize(position + 1);
+  sink_order_[position] = {id, it->second.get()};
+  return it->second.get();
 }
 
 void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
-  for (const RequestOutput& out : outputs) {
-    auto it = sinks_.find(out.id);
-    if (it == sinks_.end()) continue;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const RequestOutput& out = outputs[i];
+    RequestSink* const sink = i < sink_order_.size() && sink_order_[i].first == out.id ? sink_order_[i].second
+                                                                                        : FindSink(i, out.id);
+    if (sink == nullptr) continue;
     if (!out.finished()) {
-      it->second->OnOutput(out);
+      sink->OnOutput(out);
       continue;
     }
-    const std::shared_ptr<RequestSink> sink = std::move(it->second);
+    auto it = sinks_.find(out.id);
+    const std::shared_ptr<RequestSink> owned = std::move(it->second);
     sinks_.erase(it);
+    sink_order_.clear();
     Dequeued(out.id);
     Forget(out.id);
-    sink->OnOutput(out);
+    owned->OnOutput(out);
   }
 }
 

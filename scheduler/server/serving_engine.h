@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -148,6 +149,9 @@ class ServingEngine {
   // that is still not ready.
   void ExpireQueued() ABSL_LOCKS_EXCLUDED(mu_);
   void Dispatch(const std::vector<RequestOutput>& outputs) ABSL_LOCKS_EXCLUDED(mu_);
+  // The sink of `id` (null if none), remembered for `position` of a
+  // dispatch: what Dispatch does when sink_order_ does not have it.
+  RequestSink* FindSink(size_t position, RequestId id);
   void HandleFailure(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a request the scheduler does not hold (never admitted, or refused).
   void FailWith(RequestId id, const std::shared_ptr<RequestSink>& sink, const absl::Status& status)
@@ -191,6 +195,11 @@ class ServingEngine {
   std::unique_ptr<EngineCore> engine_;
   std::vector<Submission> waiting_for_group_;
   absl::flat_hash_map<RequestId, std::shared_ptr<RequestSink>> sinks_;  // admitted requests
+  // The sinks of the last outputs dispatched, by position: a step's outputs
+  // come in its rows' order, which stays put from step to step, so a compare
+  // replaces most hash lookups. Emptied whenever sinks_ drops or replaces a
+  // sink, so it never points at one that is gone.
+  std::vector<std::pair<RequestId, RequestSink*>> sink_order_;
   std::thread thread_;
 };
 

@@ -204,6 +204,32 @@ TEST(ServingEngineTest, AnAbortByNameNeverReachesALaterRequestReusingTheName) {
   EXPECT_EQ(x->tokens().size(), static_cast<size_t>(kXTokens));
 }
 
+// Every output reaches its own request's sink while the rows shift under
+// the engine's memory of the last step's sinks by position: requests end at
+// different steps (each end moves the rows after it up) and one joins.
+TEST(ServingEngineTest, EachOutputReachesItsRequestsSinkAsRowsShift) {
+  FakeGroup group;
+  ServingEngine engine(TestConfig(), &group);
+  const std::vector<size_t> lengths = {2, 7, 4, 9, 3};
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    engine.Submit("", Greedy(Prompt(5, 100 * static_cast<TokenId>(i + 1)), static_cast<int32_t>(lengths[i])),
+                  sinks.back());
+  }
+  auto late = std::make_shared<RecordingSink>();
+  sinks[0]->on_output = [&](const RequestOutput& out) {
+    if (out.finished()) engine.Submit("", Greedy(Prompt(5, 900), 5), late);
+  };
+  engine.Start();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_EQ(sinks[i]->WaitFinish(), FinishReason::kLength) << i;
+    EXPECT_EQ(sinks[i]->tokens().size(), lengths[i]) << i;
+  }
+  ASSERT_EQ(late->WaitFinish(), FinishReason::kLength);
+  EXPECT_EQ(late->tokens().size(), 5u);
+}
+
 // A stream's late cancel names its own request by the id Submit returned:
 // it finds nothing once that request ended, and the name's new owner runs.
 TEST(ServingEngineTest, ALateCancelByIdLeavesTheNewOwnerOfTheNameAlone) {
