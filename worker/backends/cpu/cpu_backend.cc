@@ -49,6 +49,11 @@ CpuBackend::CpuBackend(int32_t num_threads, CpuBackendOptions options)
       attention_scratch_(pool_.num_threads()) {}
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
+  if (bytes >= cpu::kHugePageBytes) {  // the KV cache, float weights: streamed every step
+    std::unique_ptr<DeviceBuffer> buffer = cpu::HugePageArena::AllocateAlone(bytes);
+    if (buffer == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
+    return buffer;
+  }
   auto buffer = std::make_unique<HostBuffer>(bytes);
   if (!buffer->ok()) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   return buffer;
@@ -74,8 +79,11 @@ absl::StatusOr<Weight> CpuBackend::LoadWeight(const gguf::GgufTensor& tensor) {
   w.rows = tensor.shape[1];
   const auto type = static_cast<int32_t>(tensor.type);
   if (cpu::IsQuantizedFormat(type) && w.cols % 32 == 0) {
-    // Kept quantized, packed in groups of rows as the kernels read them.
-    TANDEM_ASSIGN_OR_RETURN(w.buffer, Allocate(static_cast<size_t>(cpu::PackedWeightBytes(type, w.rows, w.cols))));
+    // Kept quantized, packed in groups of rows as the kernels read them, the
+    // matrices one after the other in huge pages.
+    const auto bytes = static_cast<size_t>(cpu::PackedWeightBytes(type, w.rows, w.cols));
+    w.buffer = weight_arena_.Allocate(bytes);
+    if (w.buffer == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
     auto* out = w.buffer->as<uint8_t>();
     const int64_t row_bytes = cpu::QuantizedRowBytes(type, w.cols);
     const int64_t groups = (w.rows + cpu::kGroupRows - 1) / cpu::kGroupRows;
