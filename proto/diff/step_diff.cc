@@ -280,11 +280,19 @@ absl::Status StepDiffState::Expand(const v1::BatchDiff& diff, v1::SchedulerOutpu
   }
   CollectNewIds(*step);
   v1::CachedRequests* c = step->mutable_cached_requests();
-  computed_.clear();  // the cached entries' counts, predicted
-  for (int r = 0; r < n; ++r) {
-    if (IsNew(ids_[r])) continue;
-    c->add_request_ids(ids_[r]);
-    computed_.push_back(predicted_[r]);
+  // The cached entries' counts, predicted. Without new requests (most
+  // steps) the entries are the rows, and computed_ stays a row's count.
+  const bool all_cached = new_ids_.empty();
+  if (all_cached) {
+    c->mutable_request_ids()->Add(ids_.begin(), ids_.end());
+    computed_.assign(predicted_.begin(), predicted_.end());
+  } else {
+    computed_.clear();
+    for (int r = 0; r < n; ++r) {
+      if (IsNew(ids_[r])) continue;
+      c->add_request_ids(ids_[r]);
+      computed_.push_back(predicted_[r]);
+    }
   }
   const int m = c->request_ids_size();
   if (diff.computed_entries_size() != diff.computed_values_size() ||
@@ -313,7 +321,7 @@ absl::Status StepDiffState::Expand(const v1::BatchDiff& diff, v1::SchedulerOutpu
   }
   step->mutable_scheduled_request_ids()->Add(ids_.begin(), ids_.end());
   step->mutable_num_scheduled_tokens()->Add(tokens_.begin(), tokens_.end());
-  RowComputed(*step);
+  if (!all_cached) RowComputed(*step);
   Remember(step->step_seq(), ids_, tokens_);
   return absl::OkStatus();
 }
