@@ -118,6 +118,46 @@ TEST(FakeStageRunnerTest, ATokenSampledAfterItsRequestEndedGoesNowhere) {
   EXPECT_THAT(runner.Tokens(9), ElementsAre(4, 5, second->sampled_token_ids(0)));
 }
 
+// Rows found by their position in the last step are checked by id: a row
+// that left gives its slot to a newcomer, and the next step lists its rows
+// in another order.
+TEST(FakeStageRunnerTest, RowsInAnotherOrderFindTheirOwnState) {
+  FakeStageRunner runner({});
+  v1::SchedulerOutput first = Prefill(1, 7, {1, 2, 3});
+  v1::SchedulerOutput eight = Prefill(1, 8, {4, 5, 6});
+  *first.add_new_requests() = eight.new_requests(0);
+  first.add_scheduled_request_ids(8);
+  first.add_num_scheduled_tokens(3);
+  ASSERT_TRUE(runner.Execute(first).ok());
+  ASSERT_TRUE(runner.Sample(SampleOf(1)).ok());
+  v1::SchedulerOutput second = Decode(2, 8, 3);  // 7 ends; 9 takes its slot
+  second.add_finished_request_ids(7);
+  v1::SchedulerOutput nine = Prefill(2, 9, {7, 8});
+  *second.add_new_requests() = nine.new_requests(0);
+  second.add_scheduled_request_ids(9);
+  second.add_num_scheduled_tokens(2);
+  ASSERT_TRUE(runner.Execute(second).ok());
+  ASSERT_TRUE(runner.Sample(SampleOf(2)).ok());
+  v1::SchedulerOutput third = Decode(3, 9, 2);  // 9 first now
+  v1::SchedulerOutput then_eight = Decode(3, 8, 4);
+  *third.mutable_cached_requests() = then_eight.cached_requests();
+  third.mutable_cached_requests()->set_request_ids(0, 9);
+  third.mutable_cached_requests()->set_num_computed_tokens(0, 2);
+  third.mutable_cached_requests()->add_request_ids(8);
+  third.mutable_cached_requests()->add_resumed(false);
+  third.mutable_cached_requests()->add_num_computed_tokens(4);
+  third.mutable_cached_requests()->add_num_new_block_ids(0);
+  third.add_scheduled_request_ids(8);
+  third.add_num_scheduled_tokens(1);
+  const absl::Status executed = runner.Execute(third);
+  ASSERT_TRUE(executed.ok()) << executed;
+  auto out = runner.Sample(SampleOf(3));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(out->request_ids(), ElementsAre(9, 8));
+  EXPECT_EQ(runner.Tokens(8).size(), 6u);
+  EXPECT_EQ(runner.Tokens(9).size(), 4u);
+}
+
 TEST(FakeStageRunnerTest, RefusesStepsThatDisagree) {
   FakeStageRunner runner({});
   ASSERT_TRUE(runner.Execute(Prefill(1, 7, {1, 2, 3})).ok());
