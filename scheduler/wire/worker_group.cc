@@ -7,6 +7,41 @@
 #include "scheduler/wire/step_codec.h"
 
 namespace tandem::scheduler {
+namespace {
+
+// The usual result (wire::CompactResult: its rows are the step's `rows`, a
+// bit each says whether the row sampled a token, no logprobs) decoded
+// straight from the bits, without listing the rows and counts in the message
+// first. False for any other shape or anything malformed: ExpandResult and
+// DecodeRunnerOutput take those, and say what is wrong.
+bool DecodeRowBits(const v1::StepResult& result, absl::Span<const RequestId> rows, ModelRunnerOutput* output) {
+  const v1::ModelRunnerOutput& in = result.output();
+  if (!result.rows_implied() || in.request_ids_size() != 0 || in.num_sampled_size() != 0 || in.logprobs_size() != 0 ||
+      in.prompt_logprobs_size() != 0) {
+    return false;
+  }
+  const std::string& bits = result.sampled_rows();
+  const size_t n = rows.size();
+  if (bits.size() > (n + 7) / 8) return false;
+  output->sampled_offsets.assign(n + 1, 0);
+  int32_t* offsets = output->sampled_offsets.data();
+  int32_t sampled = 0;
+  for (size_t byte = 0; byte < bits.size(); ++byte) {
+    const uint32_t b = static_cast<uint8_t>(bits[byte]);
+    for (size_t r = byte * 8; r < std::min(n, byte * 8 + 8); ++r) {
+      sampled += static_cast<int32_t>(b >> (r % 8) & 1);
+      offsets[r + 1] = sampled;
+    }
+  }
+  for (size_t r = bits.size() * 8; r < n; ++r) offsets[r + 1] = sampled;  // past the bits: none
+  if (sampled != in.sampled_token_ids_size()) return false;
+  output->step_seq = in.step_seq();
+  output->request_ids.assign(rows.begin(), rows.end());
+  output->sampled_token_ids.assign(in.sampled_token_ids().begin(), in.sampled_token_ids().end());
+  return true;
+}
+
+}  // namespace
 
 WorkerGroup::WorkerGroup(WorkerGroupOptions options)
     : options_(std::move(options)), members_(options_.world_size) {}
@@ -323,6 +358,11 @@ absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
     oldest = in_flight_rows_.front().first;
     rows = std::move(in_flight_rows_.front().second);
     in_flight_rows_.pop_front();
+  }
+  ModelRunnerOutput direct;
+  if (oldest == result.output().step_seq() && DecodeRowBits(result, rows, &direct)) {
+    spare_rows_.push_back(std::move(rows));
+    return direct;
   }
   absl::Status expanded;
   if (result.rows_implied()) {

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scheduler/wire/step_codec.h"
 
 namespace tandem::scheduler {
 namespace {
@@ -132,6 +133,75 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
 // Compact results (rows implied, proto/diff/step_diff.h) get their rows from
 // the steps sent, however deep the queue (deeper than the diff's history
 // here); a compact result for a step other than the oldest is refused.
+// A compact result decoded from its bits equals the one its message
+// expands to, for row counts around byte edges and bit strings shorter than
+// the rows; one whose bits and tokens disagree is refused as the long way
+// refuses it.
+TEST(WorkerGroupTest, CompactResultsDecodeAsTheirExpandedForm) {
+  WorkerGroup group(Options(1));
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  const std::vector<int> row_counts = {1, 7, 8, 9, 17, 17};
+  std::vector<std::vector<RequestId>> rows;
+  for (size_t k = 0; k < row_counts.size(); ++k) {
+    SchedulerOutput step;
+    step.step_seq = k + 1;
+    rows.emplace_back();
+    for (int r = 0; r < row_counts[k]; ++r) {
+      ScheduledRequest row;
+      row.id = 1000 * (k + 1) + r;
+      row.num_tokens = 1;
+      row.samples = true;
+      step.scheduled.push_back(row);
+      rows.back().push_back(row.id);
+    }
+    step.total_num_scheduled_tokens = row_counts[k];
+    ASSERT_TRUE(group.Execute(step).ok());
+    ASSERT_TRUE(group.Sample(k + 1, nullptr).ok());
+  }
+  std::vector<v1::StepResult> sent;
+  for (size_t k = 0; k < row_counts.size(); ++k) {
+    v1::WorkerMessage message;
+    v1::StepResult* result = message.mutable_result();
+    result->set_epoch(1);
+    result->set_rows_implied(true);
+    result->mutable_output()->set_step_seq(k + 1);
+    // Every third row samples; the bits stop one byte short for 17 rows.
+    const int n = row_counts[k];
+    const int bytes = n > 8 ? (n + 7) / 8 - 1 : (n + 7) / 8;
+    std::string bits(bytes, '\0');
+    for (int r = 0; r < bytes * 8 && r < n; ++r) {
+      if (r % 3 == 0) {
+        bits[r / 8] = static_cast<char>(bits[r / 8] | (1 << (r % 8)));
+        result->mutable_output()->add_sampled_token_ids(r);
+      }
+    }
+    result->set_sampled_rows(bits);
+    if (k + 1 == row_counts.size()) result->mutable_output()->add_sampled_token_ids(99);  // one token too many
+    sent.push_back(*result);
+    group.OnMessage(&a, message);
+  }
+  for (size_t k = 0; k < row_counts.size(); ++k) {
+    v1::StepResult expanded = sent[k];
+    const absl::Status expand = wire::ExpandResult(rows[k], &expanded);
+    const absl::StatusOr<ModelRunnerOutput> want =
+        expand.ok() ? DecodeRunnerOutput(expanded.output()) : absl::StatusOr<ModelRunnerOutput>(expand);
+    absl::StatusOr<ModelRunnerOutput> got = group.CollectOutput(k + 1);
+    if (k + 1 == row_counts.size()) {
+      EXPECT_FALSE(got.ok());
+      EXPECT_EQ(got.status(), want.status());
+      break;
+    }
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->step_seq, want->step_seq);
+    EXPECT_EQ(got->request_ids, want->request_ids);
+    EXPECT_EQ(got->sampled_offsets, want->sampled_offsets) << k;
+    EXPECT_EQ(got->sampled_token_ids, want->sampled_token_ids);
+  }
+}
+
 TEST(WorkerGroupTest, CompactResultsTakeTheRowsOfTheOldestStepSent) {
   WorkerGroup group(Options(1));
   FakeLink a("a");
