@@ -49,7 +49,11 @@ CpuBackend::CpuBackend(int32_t num_threads, CpuBackendOptions options)
       attention_scratch_(pool_.num_threads()) {}
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
-  if (bytes >= cpu::kHugePageBytes) {  // the KV cache, float weights: streamed every step
+  // The KV cache and float weights, streamed every step: in huge pages too
+  // (SmolLM2 decode batch 1 about 10% faster than with only the weights in
+  // them, six alternated pairs), at the cost of making 2 MiB resident at a
+  // layer's first touch (+120 MB at batch 1 for 60 layer buffers).
+  if (bytes >= cpu::kHugePageBytes) {
     std::unique_ptr<DeviceBuffer> buffer = cpu::HugePageArena::AllocateAlone(bytes);
     if (buffer == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
     return buffer;
