@@ -1,4 +1,4 @@
-// Matmuls on weights kept in their GGUF quantized blocks (Q4_0, Q4_1, Q8_0;
+// Matmuls on weights kept quantized (Q4_0, Q4_1, Q8_0 blocks, packed at load;
 // see common/gguf/ggml_types.h for the layouts): y[m x n] = x[m x k] *
 // w[n x k]^T (+ y). A decode step reads the 4.5-bit weights instead of their
 // float32 copies, 7x fewer bytes, which is what batch 1 is bound by.
