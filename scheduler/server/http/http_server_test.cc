@@ -9,10 +9,13 @@
 #include <cerrno>
 #include <chrono>
 #include <future>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -209,6 +212,44 @@ TEST(HttpServerTest, ManyConcurrentStreamsOnTwoThreads) {
   for (int i = 0; i < kClients; ++i) {
     EXPECT_THAT(clients[i]->ReadUntilClosed(), HasSubstr("data: /" + std::to_string(i) + "\n\n")) << i;
   }
+}
+
+// Each connection is served by one thread of the pool, its requests and the
+// functions posted to its writer alike, and connections are spread over the
+// threads: a token streamed at concurrency 1 then wakes one thread, not the
+// pool (one shared io_context hopped between the threads).
+TEST(HttpServerTest, AConnectionStaysOnOneThreadAndConnectionsShareThePool) {
+  std::mutex mu;
+  std::map<std::string, std::set<std::thread::id>> threads;  // by connection
+  auto server = StartServer([&](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+    const std::string connection = request.header("x-connection");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      threads[connection].insert(std::this_thread::get_id());
+    }
+    // From another thread, as the engine posts outputs.
+    std::thread([&mu, &threads, connection, writer] {
+      writer->Post([&mu, &threads, connection, writer] {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          threads[connection].insert(std::this_thread::get_id());
+        }
+        writer->Respond(200, "text/plain", "ok");
+      });
+    }).detach();
+  });
+  Client a(server->port()), b(server->port());
+  const std::string answer = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
+  for (int i = 0; i < 20; ++i) {
+    for (auto [client, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+      client->Send(absl::StrCat("GET /", i, " HTTP/1.1\r\nHost: x\r\nX-Connection: ", name, "\r\n\r\n"));
+      ASSERT_EQ(client->Read(answer.size()), answer);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(threads["a"].size(), 1u);
+  ASSERT_EQ(threads["b"].size(), 1u);
+  EXPECT_NE(*threads["a"].begin(), *threads["b"].begin());
 }
 
 // Request line and headers over max_header_bytes: 431, whether one long
