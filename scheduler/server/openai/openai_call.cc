@@ -260,6 +260,12 @@ void OpenAiCall::SendChunk(Choice& choice, size_t index, const std::string& text
     writer_->StartStream(200, "text/event-stream");
     if (error_) writer_->Write(ErrorEvent(*error_));
   }
+  // Most chunks: text alone (a chat stream's first carries the role).
+  if (!final && logprobs.is_null() && !(chat() && (tool_call() || !choice.role_sent))) {
+    if (!text_chunks_) text_chunks_.emplace(chat(), setup_.id, setup_.created, setup_.model);
+    writer_->Write(text_chunks_->Event(index, text));
+    return;
+  }
   Json c = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (chat()) {
     Json delta = Json::object();

@@ -21,6 +21,7 @@
 #include "scheduler/server/openai/json_util.h"
 #include "scheduler/server/metrics.h"
 #include "scheduler/server/openai/openai_protocol.h"
+#include "scheduler/server/openai/stream_chunk.h"
 #include "scheduler/server/openai/text_stream.h"
 #include "scheduler/server/http/http_server.h"
 #include "scheduler/server/serving_engine.h"
@@ -112,6 +113,7 @@ class OpenAiCall : public std::enable_shared_from_this<OpenAiCall> {
   bool stream_started_ = false;
   bool client_gone_ = false;
   std::optional<ApiError> error_;  // the first engine error, for a whole response
+  std::optional<TextChunkWriter> text_chunks_;  // a stream's text-only chunks, made at the first
 };
 
 }  // namespace tandem::openai
