@@ -1,8 +1,9 @@
 // The SSE event of a streamed chunk that carries only text, written straight
 // into a string. Most events of a stream are these (one per token); building
 // each as an nlohmann object (a std::map per level, every key and value
-// allocated) and dumping it was about a tenth of the scheduler's CPU per
-// token at concurrency 1. The bytes are the same as that dump's: keys in
+// allocated) and dumping it was the HTTP thread's largest item of its own at
+// concurrency 1 (3-5% of the scheduler's samples with its allocations; 3.2 us
+// a chunk hot in cache, 0.22 us this way). The bytes are the same as that dump's: keys in
 // sorted order, strings escaped by nlohmann (DumpJson). The other chunks
 // (a chat stream's first with its role, the last with finish_reason,
 // logprobs, tool calls) stay on the general path.
