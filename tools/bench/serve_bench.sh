@@ -15,16 +15,10 @@ while (($#)) && [ "$1" != "--" ]; do serve_args+=("$1"); shift; done
 out=${OUT:-bench-results}
 bin=${TANDEM_BIN_DIR:-build/bin}
 mkdir -p "$out"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+source tools/bench/serve_lib.sh
+port=$(free_port)
 name=$(date +%Y%m%d-%H%M%S)
-"$bin/tandem" serve --port "$port" --grpc-port 0 "${serve_args[@]}" > "$out/serve-$name.log" 2>&1 &
-serve=$!
-trap 'kill $serve 2>/dev/null; wait $serve 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break
-  kill -0 $serve 2>/dev/null || { cat "$out/serve-$name.log"; exit 1; }
-  sleep 0.2
-done
+start_serve "$bin" "$out/serve-$name.log" "$port" --grpc-port 0 "${serve_args[@]}"
 echo "tandem serve ${serve_args[*]}"
 "$bin/tandem" bench --base-url "http://127.0.0.1:$port" --result-file "$out/bench-$name.json" "$@"
 # The workers' idle time over the run, from the scheduler's metrics.

@@ -14,18 +14,12 @@ cd "$(dirname "$0")/../.."
 bin=${TANDEM_BIN_DIR:-build/bin}
 prompts=${PROMPTS:-8}
 tokens=${TOKENS:-128}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+source tools/bench/serve_lib.sh
 port=$(free_port)
 log=$(mktemp)
 result=$(mktemp)
-"$bin/tandem" serve --port "$port" --grpc-port "$(free_port)" "$@" > "$log" 2>&1 &
-serve=$!
+start_serve "$bin" "$log" "$port" --grpc-port "$(free_port)" "$@"
 trap 'kill $serve 2>/dev/null; wait $serve 2>/dev/null || true; rm -f "$log" "$result"' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/ready" > /dev/null && break
-  kill -0 $serve 2>/dev/null || { cat "$log"; exit 1; }
-  sleep 0.2
-done
 scheduler=$(pgrep -P $serve -f tandem-scheduler | head -1)
 bench() { "$bin/tandem" bench --base-url "http://127.0.0.1:$port" --max-concurrency 1 --ignore-eos \
             --disable-progress-bar "$@"; }
