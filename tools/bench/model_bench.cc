@@ -1,8 +1,9 @@
 // model_bench: CPU throughput of the default model (SmolLM2-135M, Q4_1
 // weights, the output projection Q8_0) on the CPU backend.
 //
-//   BM_Decode/B      one decode step for B sequences of 128 cached tokens
-//                    (a forward pass of B tokens plus greedy sampling)
+//   BM_Decode/B/C    one decode step for B sequences of C cached tokens
+//                    (a forward pass of B tokens plus greedy sampling); C
+//                    640 is the end of a 512-token prompt's 128 outputs
 //   BM_Prefill/N     one N-token prompt in one forward pass
 //   BM_Matmul/W/M/F  one matmul of M rows of x by the model's weight W
 //                    (0: blk.0.ffn_down, 1: blk.0.ffn_up, 2: token_embd, the
@@ -14,6 +15,11 @@
 //                    the bound of a batch-1 decode step
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
+//   BM_Attention/B/C  a decode step's attention alone: 30 layers of
+//                    PagedAttention for B sequences of C cached tokens
+//                    (SmolLM2's 9 query and 3 KV heads of 64), each layer's
+//                    cache its own, scattered blocks; bytes_per_second counts
+//                    the keys and values a step must read
 //   BM_ParallelForOverhead  one ParallelFor of empty chunks: the cost of
 //                    waking the pool, paid about 450 times per step
 //   BM_ComputeScaling  a fixed amount of register-only FMA work split over
@@ -27,6 +33,7 @@
 #include <immintrin.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -48,7 +55,8 @@ namespace tandem::worker {
 namespace {
 
 constexpr int32_t kBlockSize = 16;
-constexpr int32_t kContext = 128;  // tokens already cached per decoding sequence
+constexpr int32_t kContext = 128;      // tokens already cached per decoding sequence
+constexpr int32_t kLongContext = 640;  // ... in the long-prompt cases
 int32_t g_threads = 2;
 int64_t g_float_gemm_min_rows = CpuBackendOptions::kDefaultFloatGemmMinRows;
 
@@ -72,7 +80,7 @@ Loaded& Model() {
     auto model = LlamaModel::Load(*l->file, l->config, l->backend.get(), {});
     TANDEM_CHECK_OK(model.status());
     l->model = std::move(model).value();
-    TANDEM_CHECK_OK(l->model->AllocateKvCache(64 * (kContext / kBlockSize + 1) + 40, kBlockSize));
+    TANDEM_CHECK_OK(l->model->AllocateKvCache(std::max(64 * (kContext / kBlockSize + 1), 16 * (kLongContext / kBlockSize + 1)) + 40, kBlockSize));
     return l;
   }();
   return *loaded;
@@ -154,15 +162,22 @@ void Run(Step& step) {
 
 void BM_Decode(benchmark::State& state) {
   const auto batch = static_cast<int32_t>(state.range(0));
+  const auto context = static_cast<int32_t>(state.range(1));
   // Fill the cache of every sequence once, then time single-token steps.
-  auto prefill = MakeStep(batch, 0, kContext);
+  auto prefill = MakeStep(batch, 0, context);
   Run(*prefill);
-  auto decode = MakeStep(batch, kContext, 1);
+  auto decode = MakeStep(batch, context, 1);
   for (auto _ : state) Run(*decode);
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["threads"] = g_threads;
 }
-BENCHMARK(BM_Decode)->Arg(1)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Decode)
+    ->Args({1, kContext})
+    ->Args({16, kContext})
+    ->Args({64, kContext})
+    ->Args({1, kLongContext})
+    ->Args({16, kLongContext})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Prefill(benchmark::State& state) {
   const auto tokens = static_cast<int32_t>(state.range(0));
@@ -296,6 +311,76 @@ void BM_Gemv(benchmark::State& state) {
 BENCHMARK(BM_Gemv)
     ->ArgsProduct({{2, 3, 8}, {384, 196608}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_Attention(benchmark::State& state) {
+  constexpr int32_t kLayers = 30, kHeads = 9, kKvHeads = 3, kHeadDim = 64;
+  const auto batch = static_cast<int32_t>(state.range(0));
+  const auto context = static_cast<int32_t>(state.range(1));
+  CpuBackend backend(g_threads);
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  // At least the 8 MiB a layer's keys take in `tandem serve` (2 MiB pages,
+  // as there), the sequences' blocks scattered over all of it.
+  const int32_t blocks = std::max(1 + batch * blocks_per_seq, 700);
+  const int64_t layer_floats = int64_t{blocks} * kBlockSize * kKvHeads * kHeadDim;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  // Each sequence's blocks scattered over the cache, as a running server's are.
+  std::vector<BlockId> tables(blocks - 1);
+  std::iota(tables.begin(), tables.end(), 1);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  tables.resize(batch * blocks_per_seq);
+  std::vector<std::unique_ptr<DeviceBuffer>> caches;
+  const int64_t block_floats = int64_t{kBlockSize} * kKvHeads * kHeadDim;
+  for (int32_t i = 0; i < 2 * kLayers; ++i) {
+    auto buffer = backend.Allocate(layer_floats * sizeof(float));
+    TANDEM_CHECK_OK(buffer.status());
+    auto* f = static_cast<float*>((*buffer)->data());
+    for (BlockId b : tables) {
+      for (int64_t j = 0; j < block_floats; ++j) f[b * block_floats + j] = normal(rng);
+    }
+    caches.push_back(std::move(buffer).value());
+  }
+  std::vector<int32_t> query_start(batch + 1), seq_lens(batch, context + 1), table_start(batch + 1);
+  for (int32_t s = 0; s <= batch; ++s) {
+    query_start[s] = s;
+    table_start[s] = s * blocks_per_seq;
+  }
+  std::vector<float> q(int64_t{batch} * kHeads * kHeadDim), out(q.size());
+  for (float& f : q) f = normal(rng);
+  AttentionParams p{};
+  p.q = q.data();
+  p.out = out.data();
+  p.query_start = query_start.data();
+  p.seq_lens = seq_lens.data();
+  p.block_table_start = table_start.data();
+  p.block_tables = tables.data();
+  p.num_seqs = batch;
+  p.max_seq_len = context;
+  p.max_query_len = 1;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.block_size = kBlockSize;
+  p.scale = 0.125f;
+  // The step's own key/value row sits past `context`: attend to context rows.
+  for (int32_t s = 0; s < batch; ++s) seq_lens[s] = context;
+  for (auto _ : state) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      p.cache.k = static_cast<float*>(caches[2 * layer]->data());
+      p.cache.v = static_cast<float*>(caches[2 * layer + 1]->data());
+      TANDEM_CHECK_OK(backend.PagedAttention(p));
+    }
+  }
+  benchmark::DoNotOptimize(out.data());
+  state.SetBytesProcessed(state.iterations() * int64_t{kLayers} * batch * context * 2 * kKvHeads * kHeadDim *
+                          int64_t{sizeof(float)});
+}
+BENCHMARK(BM_Attention)
+    ->Args({1, kContext})
+    ->Args({1, kLongContext})
+    ->Args({16, kLongContext})
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 void BM_ParallelForOverhead(benchmark::State& state) {

@@ -45,8 +45,7 @@ absl::Status Invalid(const char* kernel, const std::string& why) {
 CpuBackend::CpuBackend(int32_t num_threads, CpuBackendOptions options)
     : options_(options),
       pool_(num_threads > 0 ? num_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()))),
-      sampler_scratch_(pool_.num_threads()),
-      attention_scratch_(pool_.num_threads()) {}
+      sampler_scratch_(pool_.num_threads()) {}
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
   // The KV cache and float weights, streamed every step: in huge pages too
@@ -259,36 +258,8 @@ absl::Status CpuBackend::WriteKv(const WriteKvParams& p) {
 }
 
 absl::Status CpuBackend::PagedAttention(const AttentionParams& p) {
-  if (p.num_heads % p.num_kv_heads != 0) return Invalid("attention", "heads do not divide into kv heads");
-  const int32_t group = p.num_heads / p.num_kv_heads;
-  const int32_t total_tokens = p.query_start[p.num_seqs];
-  const int32_t kv_width = p.num_kv_heads * p.head_dim;
-  // One work item per (token, head); find each token's sequence by search.
-  // Items run last token first: a prompt's later tokens see more keys, and
-  // handing out the costliest chunks first balances the threads (in token
-  // order the last chunk alone took 15/64 of a 512-token prefill's work).
-  const int64_t items = int64_t{total_tokens} * p.num_heads;
-  pool_.ParallelFor(items, 4, [&](int64_t begin, int64_t end, int32_t thread) {
-    std::vector<float>& scores = attention_scratch_[thread];
-    for (int64_t reversed = begin; reversed < end; ++reversed) {
-      const int64_t item = items - 1 - reversed;
-      const int32_t t = static_cast<int32_t>(item / p.num_heads);
-      const int32_t h = static_cast<int32_t>(item % p.num_heads);
-      const int32_t seq = static_cast<int32_t>(
-          std::upper_bound(p.query_start, p.query_start + p.num_seqs + 1, t) - p.query_start - 1);
-      const int32_t num_queries = p.query_start[seq + 1] - p.query_start[seq];
-      // Queries are the last tokens of the context: this one sees keys [0, pos].
-      const int32_t pos = p.seq_lens[seq] - num_queries + (t - p.query_start[seq]);
-      const BlockId* table = p.block_tables + p.block_table_start[seq];
-      const float* q = p.q + (int64_t{t} * p.num_heads + h) * p.head_dim;
-      const int64_t head_offset = int64_t{h / group} * p.head_dim;
-      const cpu::PagedRows rows{p.cache.k + head_offset, p.cache.v + head_offset, table, p.block_size, kv_width};
-      if (scores.size() < static_cast<size_t>(pos + 1)) scores.resize(pos + 1);
-      float* out = p.out + (int64_t{t} * p.num_heads + h) * p.head_dim;
-      cpu::AttendRow(q, rows, pos + 1, p.head_dim, p.scale, scores.data(), out);
-    }
-  });
-  return absl::OkStatus();
+  const absl::Status status = cpu::PagedAttention(pool_, p, &attention_scratch_);
+  return status.ok() ? status : Invalid("attention", std::string(status.message()));
 }
 
 absl::Status CpuBackend::SiluMul(const SiluMulParams& p) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "worker/backends/backend.h"
+#include "worker/backends/cpu/cpu_attention.h"
 #include "worker/backends/cpu/huge_pages.h"
 #include "worker/backends/cpu/quant_gemm.h"
 #include "worker/backends/cpu/thread_pool.h"
@@ -70,7 +71,7 @@ class CpuBackend : public Backend {
   std::vector<uint8_t> embedding_row_;               // Embedding's row unpacked
   cpu::HugePageArena weight_arena_;                  // quantized weights, in 2 MiB pages
   std::vector<SamplerScratch> sampler_scratch_;  // one per pool thread
-  std::vector<std::vector<float>> attention_scratch_;  // scores, one per pool thread
+  cpu::AttentionScratch attention_scratch_;
   // RoPE's tables, kept across calls: every layer of a step rotates at the
   // same positions, so the step computes its cos/sin once (see Rope).
   struct RopeTables {

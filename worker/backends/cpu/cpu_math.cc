@@ -126,61 +126,145 @@ inline const float* BlockBase(const PagedRows& rows, const float* cache, int32_t
   return cache + int64_t{rows.table[blk]} * rows.block_size * rows.stride;
 }
 
-void AttendRowPortable(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
-                       float* out) {
+// Row j of `cache`; j is in block `blk`.
+inline const float* RowIn(const PagedRows& rows, const float* cache, int32_t blk, int32_t j) {
+  return BlockBase(rows, cache, blk) + int64_t{j - blk * rows.block_size} * rows.stride;
+}
+
+// The row at the same offset one block on, if that block is still before
+// `end`, or null: the loops below fetch it ahead, a block (16 rows) early.
+// Blocks are scattered, so the hardware prefetcher, which follows strides
+// within a page, cannot find them, and a row's lines (a third of a cache row)
+// otherwise arrive one demand miss at a time.
+inline const float* RowAhead(const PagedRows& rows, const float* cache, int32_t blk, int32_t j, int32_t end) {
+  const int32_t ahead = j + rows.block_size;
+  return ahead < end ? RowIn(rows, cache, blk + 1, ahead) : nullptr;
+}
+
+__attribute__((target("avx2,fma"))) inline void Prefetch(const float* row, int64_t dim) {
+  if (row == nullptr) return;
+  for (int64_t i = 0; i < dim; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
+// Rows [begin, end): blocks begin / block_size on, the first one entered at
+// begin's offset. The loops below share this shape (written out in each: a
+// lambda would not inherit the AVX2 target).
+void AttendSpanPortable(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                        float* scores, float* out, SpanSums* sums) {
   float max = -INFINITY;
-  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
-    const float* key = BlockBase(rows, rows.k, blk);
-    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, key += rows.stride) {
-      scores[j] = DotPortable(q, key, dim) * scale;
-      max = std::max(max, scores[j]);
+  for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
+    const float* key = RowIn(rows, rows.k, blk, j);
+    for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, key += rows.stride) {
+      scores[j - begin] = DotPortable(q, key, dim) * scale;
+      max = std::max(max, scores[j - begin]);
     }
   }
-  const float inv_sum = 1.0f / ExpShiftSumPortable(scores, max, n);
+  const float sum = ExpShiftSumPortable(scores, max, end - begin);
+  const float inv_sum = sums == nullptr ? 1.0f / sum : 1.0f;
+  if (sums != nullptr) *sums = {max, sum};
   std::fill(out, out + dim, 0.0f);
-  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
-    const float* value = BlockBase(rows, rows.v, blk);
-    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
-      ScaleAddPortable(out, 1.0f, scores[j] * inv_sum, value, dim);
+  for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
+    const float* value = RowIn(rows, rows.v, blk, j);
+    for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
+      ScaleAddPortable(out, 1.0f, scores[j - begin] * inv_sum, value, dim);
     }
   }
 }
 
-// out = sum_j (weights[j] * inv_sum) v_j over kVectors * 8 floats held in
-// registers (y * 1 + a x is y + a x exactly: ScaleAddAvx2 with scale 1).
+// q . row r for the eight rows at `rows` + r * stride (dim a multiple of 8):
+// one accumulator per row, reduced together (three rounds of pairwise adds)
+// instead of a horizontal sum per row.
+__attribute__((target("avx2,fma"))) inline __m256 Dot8Avx2(const float* q, const float* rows, int64_t stride,
+                                                            int64_t dim) {
+  // Unrolled so that the accumulators live in registers (-O2 keeps such a
+  // loop and its array in memory: a store-to-load round trip per FMA).
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 8) {
+    const __m256 x = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows + r * stride + i), acc[r]);
+  }
+  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7].
+  const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]);
+  const __m256 h23 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]);
+  const __m256 h67 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 h0123 = _mm256_hadd_ps(h01, h23);  // rows 0-3: low half's lanes 0-3 + high half's
+  const __m256 h4567 = _mm256_hadd_ps(h45, h67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+__attribute__((target("avx2,fma"))) inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// out = sum_j (weights[j - begin] * inv_sum) v_j over kVectors * 8 floats
+// held in registers (y * 1 + a x is y + a x exactly: ScaleAddAvx2 with
+// scale 1).
 template <int kVectors>
-__attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& rows, int32_t n, const float* weights,
-                                                             float inv_sum, float* out) {
+__attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& rows, int32_t begin, int32_t end,
+                                                             const float* weights, float inv_sum, float* out) {
+  // Unrolled: see Dot8Avx2.
   __m256 acc[kVectors];
+#pragma GCC unroll 16
   for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_setzero_ps();
-  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
-    const float* value = BlockBase(rows, rows.v, blk);
-    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
-      const __m256 a = _mm256_set1_ps(weights[j] * inv_sum);
+  for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
+    const float* value = RowIn(rows, rows.v, blk, j);
+    for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
+      Prefetch(RowAhead(rows, rows.v, blk, j, end), kVectors * 8);
+      const __m256 a = _mm256_set1_ps(weights[j - begin] * inv_sum);
+#pragma GCC unroll 16
       for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(value + 8 * i), acc[i]);
     }
   }
+#pragma GCC unroll 16
   for (int i = 0; i < kVectors; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-__attribute__((target("avx2,fma"))) void AttendRowAvx2(const float* q, const PagedRows& rows, int32_t n,
-                                                         int64_t dim, float scale, float* scores, float* out) {
+__attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin,
+                                                          int32_t end, int64_t dim, float scale, float* scores,
+                                                          float* out, SpanSums* sums) {
   float max = -INFINITY;
-  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
-    const float* key = BlockBase(rows, rows.k, blk);
-    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, key += rows.stride) {
-      scores[j] = DotAvx2(q, key, dim) * scale;
-      max = std::max(max, scores[j]);
+  __m256 max8 = _mm256_set1_ps(-INFINITY);
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
+    const float* key = RowIn(rows, rows.k, blk, j);
+    for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop;) {
+      // Eight rows at a time where eight aligned ones remain in the block:
+      // which rows go together depends on positions only, so a query's
+      // scores do not depend on the batch.
+      if (dim % 8 == 0 && (j - blk * rows.block_size) % 8 == 0 && j + 8 <= stop) {
+        for (int32_t r = 0; r < 8; ++r) Prefetch(RowAhead(rows, rows.k, blk, j + r, end), dim);
+        const __m256 s8 = _mm256_mul_ps(Dot8Avx2(q, key, rows.stride, dim), scale8);
+        _mm256_storeu_ps(scores + (j - begin), s8);
+        max8 = _mm256_max_ps(max8, s8);
+        j += 8;
+        key += 8 * rows.stride;
+        continue;
+      }
+      Prefetch(RowAhead(rows, rows.k, blk, j, end), dim);
+      scores[j - begin] = DotAvx2(q, key, dim) * scale;
+      max = std::max(max, scores[j - begin]);
+      ++j;
+      key += rows.stride;
     }
   }
-  const float inv_sum = 1.0f / ExpShiftSumAvx2(scores, max, n);
-  if (dim == 64) return AccumulateRowsAvx2<8>(rows, n, scores, inv_sum, out);
-  if (dim == 128) return AccumulateRowsAvx2<16>(rows, n, scores, inv_sum, out);
+  max = std::max(max, HorizontalMax(max8));
+  const float sum = ExpShiftSumAvx2(scores, max, end - begin);
+  const float inv_sum = sums == nullptr ? 1.0f / sum : 1.0f;
+  if (sums != nullptr) *sums = {max, sum};
+  if (dim == 64) return AccumulateRowsAvx2<8>(rows, begin, end, scores, inv_sum, out);
+  if (dim == 128) return AccumulateRowsAvx2<16>(rows, begin, end, scores, inv_sum, out);
   std::fill(out, out + dim, 0.0f);
-  for (int32_t start = 0, blk = 0; start < n; start += rows.block_size, ++blk) {
-    const float* value = BlockBase(rows, rows.v, blk);
-    for (int32_t j = start; j < std::min(n, start + rows.block_size); ++j, value += rows.stride) {
-      ScaleAddAvx2(out, 1.0f, scores[j] * inv_sum, value, dim);
+  for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
+    const float* value = RowIn(rows, rows.v, blk, j);
+    for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
+      ScaleAddAvx2(out, 1.0f, scores[j - begin] * inv_sum, value, dim);
     }
   }
 }
@@ -191,16 +275,16 @@ struct Dispatch {
   void (*scale_add)(float*, float, float, const float*, int64_t);
   float (*exp_shift_sum)(float*, float, int64_t);
   void (*silu_mul)(float*, const float*, int64_t);
-  void (*attend_row)(const float*, const PagedRows&, int32_t, int64_t, float, float*, float*);
+  void (*attend_span)(const float*, const PagedRows&, int32_t, int32_t, int64_t, float, float*, float*, SpanSums*);
 };
 
 const Dispatch& Table() {
   static const Dispatch table = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendRowAvx2}
+    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendSpanAvx2}
                 : Dispatch{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable,
-                           AttendRowPortable};
+                           AttendSpanPortable};
   }();
   return table;
 }
@@ -213,7 +297,22 @@ float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_s
 void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out) {
-  Table().attend_row(q, rows, n, dim, scale, scores, out);
+  Table().attend_span(q, rows, 0, n, dim, scale, scores, out, nullptr);
+}
+void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                float* scores, float* out, SpanSums* sums) {
+  Table().attend_span(q, rows, begin, end, dim, scale, scores, out, sums);
+}
+void MergeSpans(int32_t spans, const SpanSums* sums, const float* outs, int64_t dim, float* out) {
+  float max = -INFINITY;
+  for (int32_t s = 0; s < spans; ++s) max = std::max(max, sums[s].max);
+  float total = 0.0f;
+  for (int32_t s = 0; s < spans; ++s) total += std::exp(sums[s].max - max) * sums[s].sum;
+  const float inv_total = 1.0f / total;
+  std::fill(out, out + dim, 0.0f);
+  for (int32_t s = 0; s < spans; ++s) {
+    ScaleAdd(out, 1.0f, std::exp(sums[s].max - max) * inv_total, outs + s * dim, dim);
+  }
 }
 bool UsingAvx2() { return Table().avx2; }
 

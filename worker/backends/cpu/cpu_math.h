@@ -34,6 +34,22 @@ struct PagedRows {
 // bit, with the output row kept in registers and no call per row.
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out);
+// What MergeSpans needs of a span besides its output: the span's largest
+// score and the sum of exp(score - max) over its rows.
+struct SpanSums {
+  float max;
+  float sum;
+};
+// AttendRow over rows [begin, end) of a longer context. With `sums` null the
+// output is normalized (AttendRow is the span [0, n)); otherwise it is left
+// unnormalized, out = sum_j exp(s_j - max) v_j, and *sums says how to merge
+// it with the context's other spans. `scores` has room for end - begin.
+void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                float* scores, float* out, SpanSums* sums);
+// The attention over the union of `spans` spans from their unnormalized
+// outputs (`outs`, span s at s * dim) and sums: each span's output weighted
+// by exp(its max - the overall max), over the weighted sum of their sums.
+void MergeSpans(int32_t spans, const SpanSums* sums, const float* outs, int64_t dim, float* out);
 // Whether the AVX2 versions are in use.
 bool UsingAvx2();
 

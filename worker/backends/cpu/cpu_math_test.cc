@@ -1,6 +1,6 @@
-// AttendRow equals the row-at-a-time loop it replaces (Dot per key, then
-// ExpShiftSum, then ScaleAdd per value) bit for bit, for the head sizes with a
-// register-held output (64, 128) and others, over a scattered block table.
+// AttendRow against a double-precision softmax over a scattered block table,
+// for the head sizes with a register-held output (64, 128) and others, and
+// AttendSpan's unnormalized spans, merged, against the whole.
 #include "worker/backends/cpu/cpu_math.h"
 
 #include <algorithm>
@@ -14,39 +14,98 @@
 namespace tandem::worker::cpu {
 namespace {
 
-TEST(AttendRowTest, EqualsTheRowAtATimeLoopBitForBit) {
-  std::printf("AVX2 in use: %s\n", UsingAvx2() ? "yes" : "no");
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  constexpr int32_t kBlockSize = 16;
-  const std::vector<int32_t> table = {5, 0, 7, 2, 3, 6};  // blocks out of order
-  for (int64_t dim : {64, 128, 48, 36}) {
-    const int64_t stride = 3 * dim;  // three heads per cache row; this one is the second
-    std::vector<float> k(8 * kBlockSize * stride), v(k.size()), q(dim);
+constexpr int32_t kBlockSize = 16;
+
+struct Cache {
+  int64_t dim;
+  int64_t stride;  // three heads per cache row; the rows are the second's
+  std::vector<int32_t> table = {5, 0, 7, 2, 3, 6, 1, 4};  // blocks out of order
+  std::vector<float> k, v, q;
+
+  explicit Cache(int64_t head_dim, uint32_t seed) : dim(head_dim), stride(3 * head_dim) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    k.resize(8 * kBlockSize * stride);
+    v.resize(k.size());
+    q.resize(dim);
     for (float& f : k) f = normal(rng);
     for (float& f : v) f = normal(rng);
     for (float& f : q) f = normal(rng);
-    const PagedRows rows{k.data() + dim, v.data() + dim, table.data(), kBlockSize, stride};
-    for (int32_t n : {1, 15, 16, 17, 90}) {
-      auto row = [&](const std::vector<float>& cache, int32_t j) {
-        return cache.data() + (int64_t{table[j / kBlockSize]} * kBlockSize + j % kBlockSize) * stride + dim;
-      };
-      const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-      std::vector<float> scores(n);
-      float max = -INFINITY;
-      for (int32_t j = 0; j < n; ++j) {
-        scores[j] = Dot(q.data(), row(k, j), dim) * scale;
-        max = std::max(max, scores[j]);
-      }
-      const float inv_sum = 1.0f / ExpShiftSum(scores.data(), max, n);
-      std::vector<float> want(dim, 0.0f);
-      for (int32_t j = 0; j < n; ++j) ScaleAdd(want.data(), 1.0f, scores[j] * inv_sum, row(v, j), dim);
+  }
+  PagedRows Rows() const { return {k.data() + dim, v.data() + dim, table.data(), kBlockSize, stride}; }
+  const float* Row(const std::vector<float>& cache, int32_t j) const {
+    return cache.data() + (int64_t{table[j / kBlockSize]} * kBlockSize + j % kBlockSize) * stride + dim;
+  }
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dim)); }
+  // softmax(q . k_j * scale) v_j over rows [0, n), in double.
+  std::vector<double> Reference(int32_t n) const {
+    std::vector<double> scores(n);
+    double max = -INFINITY;
+    for (int32_t j = 0; j < n; ++j) {
+      double dot = 0;
+      for (int64_t i = 0; i < dim; ++i) dot += double{q[i]} * Row(k, j)[i];
+      scores[j] = dot * Scale();
+      max = std::max(max, scores[j]);
+    }
+    double sum = 0;
+    for (double& s : scores) sum += (s = std::exp(s - max));
+    std::vector<double> out(dim, 0.0);
+    for (int32_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < dim; ++i) out[i] += scores[j] / sum * Row(v, j)[i];
+    }
+    return out;
+  }
+};
 
-      std::vector<float> got(dim, -1.0f), scratch(n);
-      AttendRow(q.data(), rows, n, dim, scale, scratch.data(), got.data());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), dim * sizeof(float)), 0) << "dim=" << dim << " n=" << n;
+// Float rounding over up to 128 rows of unit-variance values: well below
+// 1e-5, while a row or block read from the wrong place, a lost row of the
+// eight-row groups or a wrong merge weight moves outputs by 1e-2 or more.
+constexpr double kTolerance = 1e-5;
+
+TEST(AttendRowTest, MatchesADoublePrecisionSoftmax) {
+  std::printf("AVX2 in use: %s\n", UsingAvx2() ? "yes" : "no");
+  for (int64_t dim : {64, 128, 48, 36}) {
+    const Cache c(dim, static_cast<uint32_t>(dim));
+    // Across the eight-row groups, blocks and their ends.
+    for (int32_t n : {1, 7, 8, 9, 15, 16, 17, 24, 90, 128}) {
+      const std::vector<double> want = c.Reference(n);
+      std::vector<float> got(dim, -1.0f), scores(n);
+      AttendRow(c.q.data(), c.Rows(), n, dim, c.Scale(), scores.data(), got.data());
+      for (int64_t i = 0; i < dim; ++i) ASSERT_NEAR(got[i], want[i], kTolerance) << "dim=" << dim << " n=" << n;
     }
   }
+}
+
+TEST(AttendSpanTest, SpansMergeToTheWhole) {
+  for (int64_t dim : {64, 48}) {
+    const Cache c(dim, 7);
+    for (int32_t n : {20, 64, 90, 128}) {
+      // Spans that start mid-block and mid-group, and the 64-row spans
+      // cpu_attention.h uses.
+      for (int32_t width : {13, 16, 64}) {
+        const int32_t spans = (n + width - 1) / width;
+        std::vector<SpanSums> sums(spans);
+        std::vector<float> outs(spans * dim), scores(width), got(dim, -1.0f);
+        for (int32_t s = 0; s < spans; ++s) {
+          AttendSpan(c.q.data(), c.Rows(), s * width, std::min(n, (s + 1) * width), dim, c.Scale(), scores.data(),
+                     outs.data() + s * dim, &sums[s]);
+        }
+        MergeSpans(spans, sums.data(), outs.data(), dim, got.data());
+        const std::vector<double> want = c.Reference(n);
+        for (int64_t i = 0; i < dim; ++i) {
+          ASSERT_NEAR(got[i], want[i], kTolerance) << "dim=" << dim << " n=" << n << " width=" << width;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttendSpanTest, NormalizedSpanFromZeroIsAttendRow) {
+  const Cache c(64, 3);
+  std::vector<float> row(64), span(64), scores(90);
+  AttendRow(c.q.data(), c.Rows(), 90, 64, c.Scale(), scores.data(), row.data());
+  AttendSpan(c.q.data(), c.Rows(), 0, 90, 64, c.Scale(), scores.data(), span.data(), nullptr);
+  EXPECT_EQ(std::memcmp(row.data(), span.data(), sizeof(float) * 64), 0);
 }
 
 }  // namespace

@@ -1,0 +1,112 @@
+#include "worker/backends/cpu/cpu_attention.h"
+
+#include <algorithm>
+
+namespace tandem::worker::cpu {
+namespace {
+
+int32_t SpansOf(int32_t context) { return (context + kSpanRows - 1) / kSpanRows; }
+
+// Asks for rows [first, last) of a cache (every KV head's part: whole rows,
+// contiguous within a block) to be brought into L2. The heads then read them
+// a third of a row at a time, which alone leaves most of the memory system
+// idle (the lines are scattered by the block table, so the hardware
+// prefetcher does not find them).
+void PrefetchRows(const float* cache, const BlockId* table, int32_t block_size, int32_t kv_width, int32_t first,
+                  int32_t last) {
+  for (int32_t j = first; j < last;) {
+    const int32_t blk = j / block_size;
+    const int32_t stop = std::min(last, (blk + 1) * block_size);
+    const char* from =
+        reinterpret_cast<const char*>(cache + (int64_t{table[blk]} * block_size + j % block_size) * kv_width);
+    const char* to = from + int64_t{stop - j} * kv_width * sizeof(float);
+    for (; from < to; from += 64) __builtin_prefetch(from, 0, 2);
+    j = stop;
+  }
+}
+
+}  // namespace
+
+absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, AttentionScratch* scratch) {
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError("heads do not divide into kv heads");
+  }
+  const int32_t group = p.num_heads / p.num_kv_heads;
+  const int32_t tokens = p.query_start[p.num_seqs];
+  const int32_t kv_width = p.num_kv_heads * p.head_dim;
+  const int64_t dim = p.head_dim;
+  AttentionScratch& s = *scratch;
+  // Queries are the last tokens of their context: token t of sequence `seq`
+  // sees keys [0, Context(t)).
+  s.token_seq.resize(tokens);
+  for (int32_t seq = 0; seq < p.num_seqs; ++seq) {
+    std::fill(s.token_seq.begin() + p.query_start[seq], s.token_seq.begin() + p.query_start[seq + 1], seq);
+  }
+  auto context = [&](int32_t t) {
+    const int32_t seq = s.token_seq[t];
+    return p.seq_lens[seq] - p.query_start[seq + 1] + t + 1;
+  };
+  s.item_start.resize(tokens + 1);
+  s.item_start[0] = 0;
+  s.merged.clear();
+  for (int32_t t = 0; t < tokens; ++t) {
+    const int32_t spans = SpansOf(context(t));
+    s.item_start[t + 1] = s.item_start[t] + spans;
+    if (spans > 1) s.merged.push_back(t);
+  }
+  const int32_t items = s.item_start[tokens];
+  if (!s.merged.empty() && s.sums.size() < static_cast<size_t>(items) * p.num_heads) {
+    s.sums.resize(static_cast<size_t>(items) * p.num_heads);
+    s.outs.resize(static_cast<size_t>(items) * p.num_heads * dim);
+  }
+  s.scores.resize(pool.num_threads());
+
+  // Item (t, span): every head of token t over that span of its context,
+  // KV head by KV head. Its heads' parts sit span by span, so a head's spans
+  // are contiguous for the merge: part (item_start[t] * num_heads + head *
+  // spans + span).
+  pool.ParallelFor(items, 1, [&](int64_t begin, int64_t end, int32_t thread) {
+    std::vector<float>& scores = s.scores[thread];
+    if (scores.size() < static_cast<size_t>(kSpanRows)) scores.resize(kSpanRows);
+    for (int64_t item = begin; item < end; ++item) {
+      const auto t = static_cast<int32_t>(
+          std::upper_bound(s.item_start.begin(), s.item_start.begin() + tokens + 1, item) - s.item_start.begin() - 1);
+      const int32_t n = context(t);
+      const int32_t spans = SpansOf(n);
+      const int32_t span = static_cast<int32_t>(item) - s.item_start[t];
+      const int32_t seq = s.token_seq[t];
+      const BlockId* table = p.block_tables + p.block_table_start[seq];
+      const int32_t first = span * kSpanRows;
+      const int32_t last = std::min(n, first + kSpanRows);
+      PrefetchRows(p.cache.k, table, p.block_size, kv_width, first, last);
+      PrefetchRows(p.cache.v, table, p.block_size, kv_width, first, last);
+      for (int32_t head = 0; head < p.num_heads; ++head) {
+        const int64_t head_offset = int64_t{head / group} * dim;
+        const PagedRows rows{p.cache.k + head_offset, p.cache.v + head_offset, table, p.block_size, kv_width};
+        const float* q = p.q + (int64_t{t} * p.num_heads + head) * dim;
+        if (spans == 1) {
+          AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), p.out + (int64_t{t} * p.num_heads + head) * dim,
+                     nullptr);
+          continue;
+        }
+        const int64_t part = int64_t{s.item_start[t]} * p.num_heads + int64_t{head} * spans + span;
+        AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), s.outs.data() + part * dim, &s.sums[part]);
+      }
+    }
+  });
+  if (s.merged.empty()) return absl::OkStatus();
+  const int64_t merges = static_cast<int64_t>(s.merged.size()) * p.num_heads;
+  pool.ParallelFor(merges, 8, [&](int64_t begin, int64_t end, int32_t) {
+    for (int64_t m = begin; m < end; ++m) {
+      const int32_t t = s.merged[m / p.num_heads];
+      const auto head = static_cast<int32_t>(m % p.num_heads);
+      const int32_t spans = SpansOf(context(t));
+      const int64_t part = int64_t{s.item_start[t]} * p.num_heads + int64_t{head} * spans;
+      MergeSpans(spans, &s.sums[part], s.outs.data() + part * dim, dim,
+                 p.out + (int64_t{t} * p.num_heads + head) * dim);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::worker::cpu
