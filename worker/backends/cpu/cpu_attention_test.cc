@@ -1,7 +1,8 @@
 // The CPU backend's PagedAttention gives a query the same bits whatever else
 // is in its call: alone or in a mixed batch, as a decode row or as the last
-// row of a prefill chunk, on one thread or two. (Its values against the GPU
-// kernel's model, within 1e-5, are attention_model_test's.)
+// row of a prefill chunk, on one thread or two; with the AVX2 versions and
+// the portable ones. (Its values against the GPU kernel's model, within 1e-5,
+// are attention_model_test's.)
 #include "worker/backends/cpu/cpu_attention.h"
 
 #include <cstring>
@@ -29,7 +30,14 @@ AttentionCase MixedCase(const attention_testing::HeadConfig& config) {
   return c;
 }
 
-TEST(CpuAttentionTest, AQueryGetsTheSameBitsAloneAsInABatch) {
+// Param: whether to run cpu_math.h's portable versions.
+class CpuAttentionTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { cpu::UsePortableForTesting(GetParam()); }
+  void TearDown() override { cpu::UsePortableForTesting(false); }
+};
+
+TEST_P(CpuAttentionTest, AQueryGetsTheSameBitsAloneAsInABatch) {
   for (const attention_testing::HeadConfig& config : {attention_testing::kHeadConfigs[1],
                                                       attention_testing::kHeadConfigs[2]}) {
     const AttentionInputs in = MakeAttentionInputs(MixedCase(config));
@@ -63,7 +71,12 @@ TEST(CpuAttentionTest, AQueryGetsTheSameBitsAloneAsInABatch) {
   }
 }
 
-TEST(CpuAttentionTest, RejectsHeadsThatDoNotDivide) {
+INSTANTIATE_TEST_SUITE_P(Versions, CpuAttentionTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Portable" : "Selected";
+                         });
+
+TEST(CpuAttentionRejectTest, HeadsThatDoNotDivide) {
   AttentionCase c = MixedCase(attention_testing::kHeadConfigs[1]);
   const AttentionInputs in = MakeAttentionInputs(c);
   std::vector<float> out(in.q.size());

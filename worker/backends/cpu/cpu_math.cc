@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace tandem::worker::cpu {
@@ -278,15 +279,24 @@ struct Dispatch {
   void (*attend_span)(const float*, const PagedRows&, int32_t, int32_t, int64_t, float, float*, float*, SpanSums*);
 };
 
-const Dispatch& Table() {
-  static const Dispatch table = [] {
+constexpr Dispatch kAvx2{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendSpanAvx2};
+constexpr Dispatch kPortable{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable,
+                             AttendSpanPortable};
+
+// What the CPU supports, unless a test chose the portable versions.
+std::atomic<const Dispatch*> g_table{nullptr};
+
+const Dispatch& Detected() {
+  static const Dispatch* const table = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return avx2 ? Dispatch{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendSpanAvx2}
-                : Dispatch{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable,
-                           AttendSpanPortable};
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &kAvx2 : &kPortable;
   }();
-  return table;
+  return *table;
+}
+
+const Dispatch& Table() {
+  const Dispatch* chosen = g_table.load(std::memory_order_relaxed);
+  return chosen != nullptr ? *chosen : Detected();
 }
 
 }  // namespace
@@ -315,5 +325,8 @@ void MergeSpans(int32_t spans, const SpanSums* sums, const float* outs, int64_t 
   }
 }
 bool UsingAvx2() { return Table().avx2; }
+void UsePortableForTesting(bool portable) {
+  g_table.store(portable ? &kPortable : nullptr, std::memory_order_relaxed);
+}
 
 }  // namespace tandem::worker::cpu

@@ -52,6 +52,9 @@ void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t en
 void MergeSpans(int32_t spans, const SpanSums* sums, const float* outs, int64_t dim, float* out);
 // Whether the AVX2 versions are in use.
 bool UsingAvx2();
+// Tests only: the portable versions from now on (true), or again what the
+// CPU supports (false). Not for use while other threads call these.
+void UsePortableForTesting(bool portable);
 
 }  // namespace tandem::worker::cpu
 

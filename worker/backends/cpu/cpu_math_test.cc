@@ -1,6 +1,7 @@
 // AttendRow against a double-precision softmax over a scattered block table,
 // for the head sizes with a register-held output (64, 128) and others, and
-// AttendSpan's unnormalized spans, merged, against the whole.
+// AttendSpan's unnormalized spans, merged, against the whole; each with the
+// versions the CPU selects (AVX2 here) and with the portable ones.
 #include "worker/backends/cpu/cpu_math.h"
 
 #include <algorithm>
@@ -62,8 +63,17 @@ struct Cache {
 // eight-row groups or a wrong merge weight moves outputs by 1e-2 or more.
 constexpr double kTolerance = 1e-5;
 
-TEST(AttendRowTest, MatchesADoublePrecisionSoftmax) {
-  std::printf("AVX2 in use: %s\n", UsingAvx2() ? "yes" : "no");
+// Param: whether to run the portable versions.
+class CpuMathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    UsePortableForTesting(GetParam());
+    std::printf("AVX2 in use: %s\n", UsingAvx2() ? "yes" : "no");
+  }
+  void TearDown() override { UsePortableForTesting(false); }
+};
+
+TEST_P(CpuMathTest, AttendRowMatchesADoublePrecisionSoftmax) {
   for (int64_t dim : {64, 128, 48, 36}) {
     const Cache c(dim, static_cast<uint32_t>(dim));
     // Across the eight-row groups, blocks and their ends.
@@ -76,7 +86,7 @@ TEST(AttendRowTest, MatchesADoublePrecisionSoftmax) {
   }
 }
 
-TEST(AttendSpanTest, SpansMergeToTheWhole) {
+TEST_P(CpuMathTest, SpansMergeToTheWhole) {
   for (int64_t dim : {64, 48}) {
     const Cache c(dim, 7);
     for (int32_t n : {20, 64, 90, 128}) {
@@ -100,13 +110,18 @@ TEST(AttendSpanTest, SpansMergeToTheWhole) {
   }
 }
 
-TEST(AttendSpanTest, NormalizedSpanFromZeroIsAttendRow) {
+TEST_P(CpuMathTest, NormalizedSpanFromZeroIsAttendRow) {
   const Cache c(64, 3);
   std::vector<float> row(64), span(64), scores(90);
   AttendRow(c.q.data(), c.Rows(), 90, 64, c.Scale(), scores.data(), row.data());
   AttendSpan(c.q.data(), c.Rows(), 0, 90, 64, c.Scale(), scores.data(), span.data(), nullptr);
   EXPECT_EQ(std::memcmp(row.data(), span.data(), sizeof(float) * 64), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Versions, CpuMathTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Portable" : "Selected";
+                         });
 
 }  // namespace
 }  // namespace tandem::worker::cpu
