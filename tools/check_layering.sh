@@ -11,7 +11,8 @@
 #     scheduler/wire/, the gRPC adapters, worker/runner/ (the ModelRunner
 #     consumes the step protocol), worker/server/, tools/ and tests/.
 #  4. grpcpp and the generated gRPC stubs (*.grpc.pb.h) only in adapters:
-#     scheduler/server/grpc/, worker/server/grpc/, common/rpc/, tools/client/.
+#     scheduler/server/grpc/, worker/server/grpc/, common/rpc/, tools/client/,
+#     and tools/bench/grpc_hop_bench.cc (it measures gRPC itself).
 #  5. Boost only in scheduler/server/http/ and tools/bench/; nlohmann/json
 #     only in scheduler/server/openai/ and tools/.
 #  6. worker/backends/, worker/model/ and worker/comm/ include nothing from
@@ -73,7 +74,7 @@ only_in "generated protobuf outside the wire" 'tandem/v1/|google/protobuf' \
   scheduler/wire/ scheduler/server/grpc/ worker/runner/ worker/server/ tools/ tests/
 # 4
 only_in "gRPC outside an adapter" 'grpcpp/|grpc/|[^"]*\.grpc\.pb\.h' \
-  scheduler/server/grpc/ worker/server/grpc/ common/rpc/ tools/client/
+  scheduler/server/grpc/ worker/server/grpc/ common/rpc/ tools/client/ tools/bench/grpc_hop_bench.cc
 # 5
 only_in "Boost outside the HTTP server and the benchmark client" 'boost/' scheduler/server/http/ tools/bench/
 only_in "JSON outside the OpenAI frontend and tools/" 'nlohmann/' scheduler/server/openai/ tools/
