@@ -132,21 +132,6 @@ inline const float* RowIn(const PagedRows& rows, const float* cache, int32_t blk
   return BlockBase(rows, cache, blk) + int64_t{j - blk * rows.block_size} * rows.stride;
 }
 
-// The row at the same offset one block on, if that block is still before
-// `end`, or null: the loops below fetch it ahead, a block (16 rows) early.
-// Blocks are scattered, so the hardware prefetcher, which follows strides
-// within a page, cannot find them, and a row's lines (a third of a cache row)
-// otherwise arrive one demand miss at a time.
-inline const float* RowAhead(const PagedRows& rows, const float* cache, int32_t blk, int32_t j, int32_t end) {
-  const int32_t ahead = j + rows.block_size;
-  return ahead < end ? RowIn(rows, cache, blk + 1, ahead) : nullptr;
-}
-
-__attribute__((target("avx2,fma"))) inline void Prefetch(const float* row, int64_t dim) {
-  if (row == nullptr) return;
-  for (int64_t i = 0; i < dim; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
-}
-
 // Rows [begin, end): blocks begin / block_size on, the first one entered at
 // begin's offset. The loops below share this shape (written out in each: a
 // lambda would not inherit the AVX2 target).
@@ -217,7 +202,6 @@ __attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& row
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
     const float* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
-      Prefetch(RowAhead(rows, rows.v, blk, j, end), kVectors * 8);
       const __m256 a = _mm256_set1_ps(weights[j - begin] * inv_sum);
 #pragma GCC unroll 16
       for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(value + 8 * i), acc[i]);
@@ -240,7 +224,6 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
       // which rows go together depends on positions only, so a query's
       // scores do not depend on the batch.
       if (dim % 8 == 0 && (j - blk * rows.block_size) % 8 == 0 && j + 8 <= stop) {
-        for (int32_t r = 0; r < 8; ++r) Prefetch(RowAhead(rows, rows.k, blk, j + r, end), dim);
         const __m256 s8 = _mm256_mul_ps(Dot8Avx2(q, key, rows.stride, dim), scale8);
         _mm256_storeu_ps(scores + (j - begin), s8);
         max8 = _mm256_max_ps(max8, s8);
@@ -248,7 +231,6 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
         key += 8 * rows.stride;
         continue;
       }
-      Prefetch(RowAhead(rows, rows.k, blk, j, end), dim);
       scores[j - begin] = DotAvx2(q, key, dim) * scale;
       max = std::max(max, scores[j - begin]);
       ++j;
