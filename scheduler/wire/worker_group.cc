@@ -341,7 +341,16 @@ absl::StatusOr<ModelRunnerOutput> WorkerGroup::CollectOutput(StepSeq step_seq) {
   absl::MutexLock lock(&mu_);
   FlushLocked();
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || !results_.empty(); };
-  const bool arrived = mu_.AwaitWithTimeout(absl::Condition(&done), options_.step_timeout);
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  bool polling = poller_ != nullptr;
+  while (polling && !done() && absl::Now() < deadline) {
+    // The result is read on this thread: the transport delivers it to
+    // OnMessage, which takes mu_.
+    mu_.Unlock();
+    polling = poller_->Poll(deadline);
+    mu_.Lock();
+  }
+  const bool arrived = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   if (!failure_.ok()) return failure_;
   if (!arrived) {
     FailLocked(absl::DeadlineExceededError(absl::StrCat("worker rank ", members_.size() - 1, " did not answer step ",

@@ -73,6 +73,11 @@ class WorkerGroup : public ExecutorGroup {
   // The link is gone; the group forgets it before this returns.
   void OnDisconnect(WorkerLink* link, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Before the engine starts: CollectOutput then waits by polling it
+  // (WorkerLink's LinkPoller) instead of sleeping until a transport thread
+  // delivers the result. It must outlive the engine's calls on the group.
+  void set_poller(LinkPoller* poller) { poller_ = poller; }
+
   // --- any thread ---
   GroupStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
   bool ready() const override ABSL_LOCKS_EXCLUDED(mu_);
@@ -114,6 +119,7 @@ class WorkerGroup : public ExecutorGroup {
   std::string DescribeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerGroupOptions options_;
+  LinkPoller* poller_ = nullptr;  // set before the engine starts
   mutable absl::Mutex mu_;
   std::vector<std::optional<Member>> members_ ABSL_GUARDED_BY(mu_);  // by rank
   State state_ ABSL_GUARDED_BY(mu_) = State::kForming;

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "tandem/v1/worker_service.pb.h"
 
 namespace tandem::scheduler {
@@ -24,6 +25,20 @@ class WorkerLink {
   virtual void Close(const std::string& reason) = 0;
   // The peer's address, for messages.
   virtual std::string peer() const = 0;
+};
+
+// A transport whose events (WorkerGroup::OnMessage, OnDisconnect) the engine
+// thread can deliver itself while it waits for a result: a gRPC completion
+// queue it drives. Then a result is read, decoded and collected on one
+// thread, with no wake-up of another in between (README, Control plane).
+class LinkPoller {
+ public:
+  virtual ~LinkPoller() = default;
+  // Delivers events on the calling thread until at least one was delivered
+  // or `deadline` passed; may also return early when another thread
+  // delivered events meanwhile. False once the transport is shut down (the
+  // caller then waits for its events some other way).
+  virtual bool Poll(absl::Time deadline) = 0;
 };
 
 }  // namespace tandem::scheduler

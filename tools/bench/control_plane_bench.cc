@@ -212,6 +212,7 @@ struct BenchOptions {
   int64_t prompt_tokens = 8;
   int64_t repeats = 1;
   std::string log_dir = "/tmp";
+  bool worker_port = false;  // the workers on a port (a server) of their own
 };
 
 bool WaitFor(const std::function<bool()>& done, double seconds) {
@@ -262,7 +263,9 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   };
   scheduler::WorkerGroup group(group_options);
   engine = std::make_unique<scheduler::ServingEngine>(config, &group, std::vector<scheduler::StepObserver*>{&meter});
-  auto server = scheduler::SchedulerServer::Start("127.0.0.1", 0, &group, engine.get(), nullptr);
+  auto server = scheduler::SchedulerServer::Start(
+      "127.0.0.1", 0, &group, engine.get(), nullptr, {},
+      o.worker_port ? 0 : scheduler::SchedulerServer::kWorkersOnMainPort);
   if (!server.ok()) return server.status();
   engine->Start();
   std::vector<pid_t> workers;
@@ -273,7 +276,7 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
     for (pid_t pid : workers) waitpid(pid, nullptr, 0);
   };
   for (int r = 0; r < c.stages; ++r) {
-    auto pid = SpawnWorker(o, c, (*server)->port(), r, blocks * 8 * config.block_size);
+    auto pid = SpawnWorker(o, c, (*server)->worker_port(), r, blocks * 8 * config.block_size);
     if (!pid.ok()) {
       stop();
       return pid.status();
@@ -378,6 +381,8 @@ int Main(int argc, char** argv) {
                "runs per configuration; the one with the least CPU per step is shown (on a shared\n"
                "machine the others are inflated by contention)");
   flags.AddString("log-dir", &o.log_dir, "where the workers' logs go");
+  flags.AddBool("worker-port", &o.worker_port,
+                "the workers dial a port of their own (tandem-scheduler --worker-port), not the Generate API's");
   if (std::optional<int> code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) return *code;
   const std::vector<int64_t> running_list = ParseList(running), stage_list = ParseList(stages);
   if (running_list.empty() || stage_list.empty() || o.steps < 1 || o.prompt_tokens < 1 || o.repeats < 1 ||

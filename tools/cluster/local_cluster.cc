@@ -88,6 +88,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                    "--http-host=" + options.host,
                                    absl::StrCat("--http-port=", options.http_port)};
   if (options.http_port >= 0) argv.push_back("--http-port-file=" + http_port_file);
+  const std::string worker_port_file = c->dir_ + "/worker_port";
+  if (options.worker_port >= 0) {
+    argv.push_back(absl::StrCat("--worker-port=", options.worker_port));
+    argv.push_back("--worker-port-file=" + worker_port_file);
+  }
   for (std::string& arg : scheduler_flags.ToArgs()) argv.push_back(std::move(arg));
   for (std::string& arg : scheduler_flags.tls.ToArgs()) argv.push_back(std::move(arg));  // one set for all
   auto scheduler = c->Spawn(argv, c->dir_ + "/scheduler.log");
@@ -109,6 +114,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     return absl::OkStatus();
   };
   if (absl::Status s = read_port(port_file, "gRPC", &c->port_); !s.ok()) return s;
+  c->worker_port_ = c->port_;
+  if (options.worker_port >= 0) {
+    c->worker_port_ = 0;
+    if (absl::Status s = read_port(worker_port_file, "workers'", &c->worker_port_); !s.ok()) return s;
+  }
   if (options.http_port >= 0) {
     if (absl::Status s = read_port(http_port_file, "HTTP", &c->http_port_); !s.ok()) return s;
   }
@@ -124,7 +134,7 @@ absl::Status LocalCluster::StartWorker(int32_t rank) {
   worker::WorkerFlags worker_flags = options_.worker;
   worker_flags.threads = WorkerThreads();
   std::vector<std::string> argv = {Binary("tandem-worker"),
-                                   "--scheduler=" + target(),
+                                   "--scheduler=" + worker_target(),
                                    absl::StrCat("--rank=", rank),
                                    absl::StrCat("--world-size=", options_.scheduler.pipeline_parallel_size),
                                    "--model=" + options_.scheduler.model,

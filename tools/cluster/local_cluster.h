@@ -33,6 +33,9 @@ struct LocalClusterOptions {
   worker::WorkerFlags worker;
   std::string host = "127.0.0.1";
   int32_t port = 0;       // gRPC; 0: any free port
+  // The workers' own port (tandem-scheduler --worker-port); 0: any free
+  // port; -1: they dial `port`.
+  int32_t worker_port = 0;
   int32_t http_port = 0;  // the OpenAI API on `host`; 0: any free port; -1: none
   // Empty: a fresh directory under /tmp, removed by the destructor unless
   // `keep_directory`. Logs go there unless `inherit_output`.
@@ -51,7 +54,10 @@ class LocalCluster {
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
   ~LocalCluster();
 
+  // The gRPC Generate API.
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Where the workers dial.
+  std::string worker_target() const { return "127.0.0.1:" + std::to_string(worker_port_); }
   // The OpenAI API's port; 0 without one.
   int http_port() const { return http_port_; }
   const std::string& directory() const { return dir_; }
@@ -91,6 +97,7 @@ class LocalCluster {
   LocalClusterOptions options_;
   std::string dir_;
   int port_ = 0;
+  int worker_port_ = 0;
   int http_port_ = 0;
   pid_t scheduler_ = -1;
   std::vector<pid_t> workers_;
