@@ -16,8 +16,11 @@ tandem container must then have --tls-* under the mount, every scheduler
      $(VAR) resolves, Service/PDB/NetworkPolicy selectors match a pod template and
      named ports exist, the workers cover the ranks with one world size equal to
      the scheduler's pipeline size (a StatefulSet's replicas), workers reach a
-     scheduler, probes, requests equal to limits for workers, the grace period
-     above --shutdown-grace, GPUs where --backend cuda runs;
+     scheduler on its workers' port (--worker-port when it sets one, else
+     --port), which is a containerPort and which the NetworkPolicy admits from
+     the workers' pods (--worker-port: from tandem's pods only), probes,
+     requests equal to limits for workers, the grace period above
+     --shutdown-grace, GPUs where --backend cuda runs;
   4. every tandem container's command line, with sample values for the
      variables, is accepted by the real flag parser (`--check-flags`).
 Then deliberately broken copies of the manifests must each fail with a message
@@ -351,9 +354,87 @@ def scheduler_for(worker, tandems, by_name, problems):
         if str(port) not in {str(p["port"]) for p in service["spec"].get("ports", [])}:
             problems.append(f"{where}: --scheduler={raw}: Service {host} has no port {port}")
     for s in found:
-        if str(s.flags.get("port", "50051")) != str(port):
-            problems.append(f"{where}: --scheduler={raw} but the scheduler listens on port {s.flags.get('port')}")
+        expected, flag = workers_port(s)
+        if expected is not None and str(expected) != str(port):
+            problems.append(f"{where}: --scheduler={raw} but the scheduler listens for workers on port {expected} "
+                            f"(its --{flag})")
+        if expected is not None and host not in ("127.0.0.1", "localhost"):
+            check_admitted(s, expected, worker.pod, by_name, problems, where=f"{where} (--scheduler={raw})")
     return found[0] if found else None
+
+
+def workers_port(scheduler):
+    """(the port the scheduler's workers must dial, the flag that sets it): --worker-port when it sets one
+    (tandem-scheduler serves the workers there and nowhere else), else --port. (None, ...) if unresolved."""
+    if scheduler.int_flag("worker-port", -1) is None:
+        return None, "worker-port"
+    if scheduler.int_flag("worker-port", -1) >= 0:
+        return scheduler.int_flag("worker-port", -1), "worker-port"
+    return scheduler.int_flag("port", 50051), "port"
+
+
+def ingress_rules(pod, by_name):
+    """The ingress rules of the NetworkPolicies that select the pod; None when none does (all admitted)."""
+    policies = [o for o in by_name.values() if o["kind"] == "NetworkPolicy"
+                and matches((o["spec"].get("podSelector") or {}).get("matchLabels"), pod.labels)
+                and "Ingress" in o["spec"].get("policyTypes", ["Ingress"])]
+    if not policies:
+        return None
+    return [rule for o in policies for rule in o["spec"].get("ingress", []) or []]
+
+
+def rule_ports(rule, container, number):
+    """Whether the rule's ports include TCP `number` of the container (by number or by its port's name)."""
+    names = {cp.get("name") for cp in container.get("ports", []) or [] if cp.get("containerPort") == number}
+    for p in rule.get("ports") or [{}]:  # none listed: every port
+        if p.get("protocol", "TCP") != "TCP":
+            continue
+        port = p.get("port")
+        if port is None or port == number or port in names or (
+                isinstance(port, int) and port <= number <= p.get("endPort", port)):
+            return True
+    return False
+
+
+def tandem_peer(peer, pods):
+    """A `from` entry that admits only pods of this deployment (a podSelector in the policy's namespace)."""
+    selector = (peer.get("podSelector") or {}).get("matchLabels")
+    return set(peer) == {"podSelector"} and bool(selector) and any(matches(selector, p.labels) for p in pods)
+
+
+def check_admitted(scheduler, port, worker_pod, by_name, problems, where):
+    """The NetworkPolicies that select the scheduler's pod admit the worker's pod on `port`."""
+    rules = ingress_rules(scheduler.pod, by_name)
+    if rules is None:
+        return
+    for rule in rules:
+        peers = rule.get("from") or []
+        if rule_ports(rule, scheduler.c, port) and (not peers or any(
+                matches((peer.get("podSelector") or {}).get("matchLabels"), worker_pod.labels)
+                and "ipBlock" not in peer for peer in peers)):
+            return
+    problems.append(f"{where}: no NetworkPolicy rule admits the worker's pod {worker_pod.where} to the "
+                    f"scheduler's port {port}")
+
+
+def check_scheduler_ports(t, where, pods, by_name, problems):
+    """--port and --worker-port are containerPorts, distinct; the workers' port admits tandem's pods only."""
+    numbers = {cp.get("containerPort") for cp in t.c.get("ports", []) or []}
+    port, worker_port = t.int_flag("port", 50051), t.int_flag("worker-port", -1)
+    for flag, n in (("port", port), ("worker-port", worker_port)):
+        if n is not None and n > 0 and n not in numbers:
+            problems.append(f"{where}: --{flag}={n} but the container declares no containerPort {n}")
+    if worker_port is None or worker_port < 0:
+        return
+    if worker_port == 0:
+        problems.append(f"{where}: --worker-port=0 (any free port) in a manifest: the workers could not know it")
+    if worker_port == port:
+        problems.append(f"{where}: --worker-port and --port are both {port}: they must differ (gRPC's "
+                        "SO_REUSEPORT would share one port's connections between the two servers)")
+    for rule in ingress_rules(t.pod, by_name) or []:
+        if rule_ports(rule, t.c, worker_port) and not all(tandem_peer(p, pods) for p in rule.get("from") or [{}]):
+            problems.append(f"{where}: a NetworkPolicy rule admits the workers' port {worker_port} from outside "
+                            f"tandem's pods (from: {rule.get('from', 'anywhere')})")
 
 
 def check_group(overlay, objects, pods, tandems, by_name, problems):
@@ -365,6 +446,7 @@ def check_group(overlay, objects, pods, tandems, by_name, problems):
                 problems.append(f"{where}: no {probe}")
         check_probe_ports(t, where, problems)
         if t.program == "tandem-scheduler":
+            check_scheduler_ports(t, where, pods, by_name, problems)
             grace = t.int_flag("shutdown-grace", 30)  # unresolved: reported above
             if grace is not None and t.pod.spec.get("terminationGracePeriodSeconds", 30) <= grace:
                 problems.append(f"{where}: terminationGracePeriodSeconds must exceed --shutdown-grace ({grace:g})")
@@ -547,8 +629,8 @@ BROKEN = [
      "  podManagementPolicy: Parallel\n  minReadySeconds: soon", "minReadySeconds"),
     ("lws", "overlays/lws/leaderworkerset.yaml", "                  name: tandem-config",
      "                  name: tandem-settings", "ConfigMap tandem-settings does not exist"),
-    ("statefulset", "overlays/statefulset/workers.yaml", "--scheduler=tandem-scheduler-internal:50051",
-     "--scheduler=tandem-sched:50051", "no Service tandem-sched"),
+    ("statefulset", "overlays/statefulset/workers.yaml", "--scheduler=tandem-scheduler-internal:50053",
+     "--scheduler=tandem-sched:50053", "no Service tandem-sched"),
     ("single-node", "base/service.yaml", "    app.kubernetes.io/component: scheduler\n  ports:",
      "    app.kubernetes.io/component: api\n  ports:", "matches no pod template"),
     ("lws", "overlays/lws/leaderworkerset.yaml", "              - --rank=$(LWS_WORKER_INDEX)\n", "",
@@ -569,6 +651,26 @@ BROKEN = [
      "flag --comm-port must be in [0, 65535], got 501000"),
     ("lws", "overlays/lws/leaderworkerset.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 20",
      "terminationGracePeriodSeconds must exceed --shutdown-grace"),
+    # The workers' own port (tandem-scheduler --worker-port): workers must dial it, not --port ...
+    ("lws", "overlays/lws/leaderworkerset.yaml", "--scheduler=$(LWS_LEADER_ADDRESS):50053",
+     "--scheduler=$(LWS_LEADER_ADDRESS):50051", "but the scheduler listens for workers on port 50053 (its --worker-port)"),
+    ("single-node", "overlays/single-node/deployment.yaml", "--scheduler=127.0.0.1:50053", "--scheduler=127.0.0.1:50051",
+     "but the scheduler listens for workers on port 50053 (its --worker-port)"),
+    # ... and --port when the scheduler sets none
+    ("statefulset", "overlays/statefulset/scheduler.yaml", "            - --worker-port=50053\n", "",
+     "but the scheduler listens for workers on port 50051 (its --port)"),
+    ("statefulset", "overlays/statefulset/scheduler.yaml",
+     "            - name: workers\n              containerPort: 50053\n", "",
+     "--worker-port=50053 but the container declares no containerPort 50053"),
+    ("lws", "base/networkpolicy.yaml", "        - protocol: TCP\n          port: 50053\n", "",
+     "no NetworkPolicy rule admits the worker's pod LeaderWorkerSet/tandem workerTemplate to the scheduler's port 50053"),
+    ("statefulset", "base/networkpolicy.yaml", "          port: 8000\n",
+     "          port: 8000\n        - protocol: TCP\n          port: 50053\n",
+     "a NetworkPolicy rule admits the workers' port 50053 from outside tandem's pods"),
+    ("single-node", "overlays/single-node/deployment.yaml", "- --worker-port=50053", "- --worker-port=50051",
+     "--worker-port and --port are both 50051: they must differ"),
+    ("single-node", "overlays/single-node/deployment.yaml", "- --worker-port=50053", "- --worker-port=0",
+     "--worker-port=0 (any free port) in a manifest"),
 ]
 
 

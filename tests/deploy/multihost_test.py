@@ -14,8 +14,10 @@ namespace gets none, and every client call runs through `ip netns exec`):
 
 The containers' command lines come from `kubectl kustomize overlays/lws` with
 size 3 and LWS's variables set as LWS sets them (the leader's address, the pod
-IP, the group size, the worker index). The test plays the kubelet: a worker that
-exits is started again (restartPolicy Always; the LWS restartPolicy is None).
+IP, the group size, the worker index); so the workers dial the scheduler's own
+workers' port (--worker-port 50053), as the overlay has them. The test plays
+the kubelet: a worker that exits is started again (restartPolicy Always; the
+LWS restartPolicy is None).
 
 Checks: greedy completions through the group's HTTP API equal `tandem serve`'s;
 with worker2's link down a streaming request in flight fails with an error that
@@ -253,6 +255,13 @@ def run(bin_dir, deploy_dir, work, net, group, tls):
                     "--weight-scale=0.2"],
                    check=True, capture_output=True)
     config, leader, worker = lws_commands(deploy_dir, work, tls)
+    # The overlay puts the workers on the scheduler's own workers' port (--worker-port; health_test and
+    # tls_test keep the workers on --port): every worker must dial it.
+    scheduler_args = next(args for program, args in leader if program.endswith("scheduler"))
+    worker_port = next((a.split("=", 1)[1] for a in scheduler_args if a.startswith("--worker-port=")), None)
+    dials = [a for _, args in [*leader, worker] for a in args if a.startswith("--scheduler=")]
+    assert worker_port and len(dials) == 2 and all(a.endswith(f":{worker_port}") for a in dials), \
+        f"the lws overlay's workers do not dial the scheduler's --worker-port ({worker_port}): {dials}"
     if tls:
         assert all("--tls-ca=" in " ".join(args) for _, args in [*leader, worker]), "components/tls added no flags"
     config = dict(config, MODEL_PATH=model, KV_CACHE_MEMORY="64MiB")
@@ -276,6 +285,10 @@ def run(bin_dir, deploy_dir, work, net, group, tls):
     wait_for("the group ready (/ready 200 from the client namespace)",
              lambda: call(net, "client", "GET", f"{base}/ready")[0] == 200, 30)
     wait_for("tandem serve ready", lambda: call(net, "solo", "GET", "http://127.0.0.1:8000/ready")[0] == 200, 30)
+    with open(os.path.join(work, "leader-tandem-scheduler.log")) as f:  # appended to by earlier runs: the last
+        listening = ([l.strip() for l in f if "listening on" in l] or [""])[-1]
+    assert f"on port {worker_port};" in listening, f"the scheduler does not serve its workers on {worker_port}: {listening}"
+    print(f"ok: {listening}")
     reference = completions(net, "solo", "http://127.0.0.1:8000")
     got = completions(net, "client", base)
     assert got == reference, f"multi-host {got} != single-host {reference}"
