@@ -31,6 +31,9 @@ expect_refusal(1 "cannot open ${missing}: No such file or directory (tools/setup
                ${WORKER} --model ${missing})
 expect_refusal(2 "flag --kv-cache-memory expects a size" ${WORKER} --kv-cache-memory banana)
 expect_refusal(2 "flag --max-num-seqs must be in [1, 1048576], got 0" ${SCHEDULER} --max-num-seqs 0)
+expect_refusal(2 "flag --worker-port must be in [-1, 65535], got 70000" ${SCHEDULER} --worker-port 70000)
+expect_refusal(1 "the workers' port must differ from the gRPC port (50999)"
+               ${SCHEDULER} --port 50999 --worker-port 50999 --http-port -1)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${TANDEM} serve --backend tpu --port 0 --grpc-port 0)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${WORKER} --backend tpu)
 expect_refusal(2 "flag --comm nccl needs --backend cuda" ${WORKER} --comm nccl)

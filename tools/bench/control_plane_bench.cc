@@ -400,6 +400,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "control_plane_bench: %s\n", std::string(model.status().message()).c_str());
     return 1;
   }
+  // As tandem-scheduler --worker-port does, before gRPC starts.
+  if (o.worker_port) setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   signal(SIGPIPE, SIG_IGN);
   std::printf("| running | stages | async | steps/s (wall) | scheduler CPU us/step | worker CPU us/step | "
               "bytes/request/step down | up | switches/step scheduler, workers |\n"

@@ -49,10 +49,10 @@ int RunServe(const std::vector<std::string>& args) {
   FlagParser flags("tandem serve",
                    "Starts a tandem-scheduler and --pipeline-parallel-size tandem-workers on this machine and\n"
                    "supervises them. The scheduler serves the OpenAI-compatible API on http://--host:--port/v1\n"
-                   "and the gRPC Generate API (and the workers) on --host:--grpc-port.");
+                   "and the gRPC Generate API on --host:--grpc-port (the workers dial a free port of their own).");
   flags.AddString("host", &o.host, "address to listen on (0.0.0.0 for every interface)");
   flags.AddInt("port", &http_port, "port of the OpenAI-compatible HTTP API (0: any free port)", 0, 65535);
-  flags.AddInt("grpc-port", &grpc_port, "port of the gRPC Generate API and the workers (0: any free port)", 0, 65535);
+  flags.AddInt("grpc-port", &grpc_port, "port of the gRPC Generate API (0: any free port)", 0, 65535);
   o.scheduler.Register(&flags);
   // One set of --tls-* files for the scheduler and every worker (and this
   // launcher's health checks): the certificate must name --host (127.0.0.1

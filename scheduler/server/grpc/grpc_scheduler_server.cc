@@ -18,6 +18,11 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const st
                                                                         WorkerGroup* group, ServingEngine* engine,
                                                                         const Tokenizer* tokenizer,
                                                                         const rpc::TlsFiles& tls, int worker_port) {
+  // gRPC binds with SO_REUSEPORT: a second server on the same port would
+  // share its connections at random rather than fail.
+  if (worker_port != kWorkersOnMainPort && worker_port != 0 && worker_port == port) {
+    return absl::InvalidArgumentError(absl::StrCat("the workers' port must differ from the gRPC port (", port, ")"));
+  }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = rpc::MakeServerCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);  // process-wide, before the build

@@ -55,6 +55,10 @@ std::string GrpcSchedulerLink::Finish() {
   closed_ = true;
   finished_ = true;
   const grpc::Status status = stream_->Finish();
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // A scheduler with --worker-port serves no workers on its --port.
+    return "that port serves no workers: dial the scheduler's --worker-port";
+  }
   return status.ok() ? "the scheduler closed the stream" : status.error_message();
 }
 

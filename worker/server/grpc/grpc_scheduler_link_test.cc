@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_options.h"
 #include "gtest/gtest.h"
+#include "tandem/v1/generate_service.grpc.pb.h"
 
 namespace tandem::worker {
 namespace {
@@ -97,6 +98,29 @@ TEST(GrpcSchedulerLinkTest, AnswersKeepalivePingsWhileTheComputeThreadIsAwayFrom
   }
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
+}
+
+// A scheduler started with --worker-port serves no workers on its --port: a
+// worker that dials that one is told which port to dial, not just that the
+// stream ended. (In this process: the test above forks before gRPC starts.)
+TEST(GrpcSchedulerLinkTest, APortThatServesNoWorkersSaysSo) {
+  v1::Generate::Service generate;  // a server with a service, but not WorkerControl
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&generate);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  auto channel = rpc::MakeChannel(absl::StrCat("127.0.0.1:", port));
+  auto stub = v1::WorkerControl::NewStub(channel);
+  GrpcSchedulerLink link(channel, stub.get());
+  link.Send(v1::WorkerMessage());
+  v1::SchedulerMessage answer;
+  std::string reason;
+  EXPECT_FALSE(link.Receive(&answer, &reason));
+  EXPECT_EQ(reason, "that port serves no workers: dial the scheduler's --worker-port");
+  link.Shutdown();
+  server->Shutdown();
 }
 
 }  // namespace
