@@ -2,6 +2,7 @@
 // links: formation, the pool size, refusals, failure and re-formation.
 #include "scheduler/wire/worker_group.h"
 
+#include <functional>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -334,6 +335,110 @@ TEST(WorkerGroupTest, AMissingAnswerTimesOut) {
   EXPECT_FALSE(group.ready());
   group.Reset();  // every rank is still connected: a new epoch starts at once
   EXPECT_EQ(a.sent.back().configure().epoch(), 2);
+}
+
+// A transport the engine thread drives (WorkerSessions over gRPC): each
+// Poll delivers the next queued event on the calling thread, as a completion
+// queue would; once shut down it returns false and delivers nothing.
+class FakePoller : public LinkPoller {
+ public:
+  bool Poll(absl::Time deadline) override {
+    ++polls;
+    if (shut_down) return false;
+    if (events.empty()) return absl::Now() < deadline;
+    std::function<void()> next = std::move(events.front());
+    events.erase(events.begin());
+    next();
+    return true;
+  }
+  std::vector<std::function<void()>> events;
+  bool shut_down = false;
+  int polls = 0;
+};
+
+v1::WorkerMessage Result(int64_t epoch, StepSeq step_seq, TokenId token) {
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(epoch);
+  v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
+  out->set_step_seq(step_seq);
+  out->add_request_ids(7);
+  out->add_num_sampled(1);
+  out->add_sampled_token_ids(token);
+  return result;
+}
+
+SchedulerOutput OneRowStep(StepSeq step_seq) {
+  SchedulerOutput step;
+  step.step_seq = step_seq;
+  ScheduledRequest row;
+  row.id = 7;
+  row.num_tokens = 1;
+  row.samples = true;
+  step.scheduled.push_back(row);
+  step.total_num_scheduled_tokens = 1;
+  return step;
+}
+
+// CollectOutput polls until the result arrives: events before it (a write's
+// completion, a stats report) are delivered on the way, each by one Poll.
+TEST(WorkerGroupPollerTest, CollectOutputPollsTheTransportUntilTheResultArrives) {
+  WorkerGroup group(Options(1));
+  FakePoller poller;
+  group.set_poller(&poller);
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  ASSERT_TRUE(group.Execute(OneRowStep(1)).ok());
+  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  poller.events.push_back([] {});  // the write's completion
+  poller.events.push_back([&] {
+    v1::WorkerMessage stats;
+    stats.mutable_stats()->set_steps(1);
+    group.OnMessage(&a, stats);
+  });
+  poller.events.push_back([&] { group.OnMessage(&a, Result(1, 1, 42)); });
+  poller.events.push_back([] { ADD_FAILURE() << "polled past the result"; });
+  auto collected = group.CollectOutput(1);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
+  EXPECT_EQ(poller.polls, 3);
+  // A result already delivered (by the transport's own thread) is taken
+  // without polling.
+  ASSERT_TRUE(group.Execute(OneRowStep(2)).ok());
+  ASSERT_TRUE(group.Sample(2, nullptr).ok());
+  group.OnMessage(&a, Result(1, 2, 43));
+  poller.events.clear();
+  const int before = poller.polls;
+  collected = group.CollectOutput(2);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{43});
+  EXPECT_EQ(poller.polls, before);
+}
+
+// A transport shut down (its queue drained by another thread) hands the wait
+// back to the group's lock: a result delivered from another thread still
+// ends it, and with none the step times out instead of spinning.
+TEST(WorkerGroupPollerTest, AShutDownTransportFallsBackToWaiting) {
+  WorkerGroup group(Options(1, absl::Milliseconds(200)));
+  FakePoller poller;
+  poller.shut_down = true;
+  group.set_poller(&poller);
+  FakeLink a("a");
+  group.OnMessage(&a, Register(0, 1, 100));
+  Form(group, {&a}, 1);
+  ASSERT_TRUE(group.Execute(OneRowStep(1)).ok());
+  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  std::thread transport([&] { group.OnMessage(&a, Result(1, 1, 42)); });
+  auto collected = group.CollectOutput(1);
+  transport.join();
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
+  EXPECT_EQ(poller.polls, 1);
+  ASSERT_TRUE(group.Execute(OneRowStep(2)).ok());
+  ASSERT_TRUE(group.Sample(2, nullptr).ok());
+  collected = group.CollectOutput(2);
+  EXPECT_EQ(collected.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(poller.polls, 2);
 }
 
 }  // namespace
