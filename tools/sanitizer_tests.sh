@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The pure unit tests (common, gguf, tokenizer, scheduler core, OpenAI text
-# and protocol, the Jinja interpreter, the HTTP server, the fuzz checks) and the scheduler
+# and protocol, the Jinja interpreter, the HTTP server, the fuzz checks, the
+# scheduler's gRPC worker sessions: real servers and threads) and the scheduler
 # differential test, built with AddressSanitizer and UndefinedBehaviorSanitizer
 # in a build directory of their own and run there. ctest runs this as
 # asan_ubsan_tests (tests/CMakeLists.txt); README "Reliability" gives its time.
@@ -12,7 +13,8 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 dir=${1:-$src/build-sanitize}
 targets=(common_test gguf_test tokenizer_test scheduler_unit_test scheduler_differential_test
-         openai_text_test openai_protocol_test openai_mutation_test jinja_test http_server_test)
+         openai_text_test openai_protocol_test openai_mutation_test jinja_test http_server_test
+         scheduler_grpc_test)
 launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
