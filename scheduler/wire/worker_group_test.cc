@@ -68,6 +68,31 @@ WorkerGroupOptions Options(int32_t world, absl::Duration timeout = absl::Seconds
   return o;
 }
 
+// A step of one sampling row (request 7) and the full-form result that
+// answers it with `token`.
+SchedulerOutput OneRowStep(StepSeq step_seq, int32_t num_tokens = 1) {
+  SchedulerOutput step;
+  step.step_seq = step_seq;
+  ScheduledRequest row;
+  row.id = 7;
+  row.num_tokens = num_tokens;
+  row.samples = true;
+  step.scheduled.push_back(row);
+  step.total_num_scheduled_tokens = num_tokens;
+  return step;
+}
+
+v1::WorkerMessage Result(int64_t epoch, StepSeq step_seq, TokenId token) {
+  v1::WorkerMessage result;
+  result.mutable_result()->set_epoch(epoch);
+  v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
+  out->set_step_seq(step_seq);
+  out->add_request_ids(7);
+  out->add_num_sampled(1);
+  out->add_sampled_token_ids(token);
+  return result;
+}
+
 TEST(WorkerGroupTest, FormsWithTheSmallestPool) {
   WorkerGroup group(Options(2));
   FakeLink a("a"), b("b");
@@ -101,16 +126,8 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   group.OnMessage(&a, Register(0, 2, 100));
   group.OnMessage(&b, Register(1, 2, 100));
   Form(group, {&a, &b}, 1);
-  SchedulerOutput step;
-  step.step_seq = 1;
-  ScheduledRequest row;
-  row.id = 7;
-  row.num_tokens = 3;
-  row.samples = true;
-  step.scheduled.push_back(row);
-  step.total_num_scheduled_tokens = 3;
   const size_t b_before = b.sent.size();
-  ASSERT_TRUE(group.Execute(step).ok());
+  ASSERT_TRUE(group.Execute(OneRowStep(1, 3)).ok());
   EXPECT_TRUE(a.sent.back().has_execute());
   EXPECT_EQ(b.sent.size(), b_before);  // held for the sample
   ASSERT_TRUE(group.Sample(1, nullptr).ok());
@@ -118,14 +135,7 @@ TEST(WorkerGroupTest, StepsGoToEveryRankAndResultsComeFromTheLast) {
   ASSERT_TRUE(b.sent.back().has_execute_and_sample());
   EXPECT_EQ(b.sent.back().execute_and_sample().execute().step_seq(), 1u);
   EXPECT_EQ(b.sent.back().execute_and_sample().sample().step_seq(), 1u);
-  v1::WorkerMessage result;
-  result.mutable_result()->set_epoch(1);
-  v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
-  out->set_step_seq(1);
-  out->add_request_ids(7);
-  out->add_num_sampled(1);
-  out->add_sampled_token_ids(42);
-  group.OnMessage(&b, result);
+  group.OnMessage(&b, Result(1, 1, 42));
   auto collected = group.CollectOutput(1);
   ASSERT_TRUE(collected.ok()) << collected.status();
   EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
@@ -356,27 +366,17 @@ class FakePoller : public LinkPoller {
   int polls = 0;
 };
 
-v1::WorkerMessage Result(int64_t epoch, StepSeq step_seq, TokenId token) {
-  v1::WorkerMessage result;
-  result.mutable_result()->set_epoch(epoch);
-  v1::ModelRunnerOutput* out = result.mutable_result()->mutable_output();
-  out->set_step_seq(step_seq);
-  out->add_request_ids(7);
-  out->add_num_sampled(1);
-  out->add_sampled_token_ids(token);
-  return result;
+// A world of one formed over `link`, whose CollectOutput polls `poller`.
+void FormPolled(WorkerGroup& group, FakePoller* poller, FakeLink* link) {
+  group.set_poller(poller);
+  group.OnMessage(link, Register(0, 1, 100));
+  Form(group, {link}, 1);
 }
 
-SchedulerOutput OneRowStep(StepSeq step_seq) {
-  SchedulerOutput step;
-  step.step_seq = step_seq;
-  ScheduledRequest row;
-  row.id = 7;
-  row.num_tokens = 1;
-  row.samples = true;
-  step.scheduled.push_back(row);
-  step.total_num_scheduled_tokens = 1;
-  return step;
+// Sends step `step_seq` and its sample, as the engine does.
+void Launch(WorkerGroup& group, StepSeq step_seq) {
+  ASSERT_TRUE(group.Execute(OneRowStep(step_seq)).ok());
+  ASSERT_TRUE(group.Sample(step_seq, nullptr).ok());
 }
 
 // CollectOutput polls until the result arrives: events before it (a write's
@@ -384,12 +384,9 @@ SchedulerOutput OneRowStep(StepSeq step_seq) {
 TEST(WorkerGroupPollerTest, CollectOutputPollsTheTransportUntilTheResultArrives) {
   WorkerGroup group(Options(1));
   FakePoller poller;
-  group.set_poller(&poller);
   FakeLink a("a");
-  group.OnMessage(&a, Register(0, 1, 100));
-  Form(group, {&a}, 1);
-  ASSERT_TRUE(group.Execute(OneRowStep(1)).ok());
-  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  FormPolled(group, &poller, &a);
+  Launch(group, 1);
   poller.events.push_back([] {});  // the write's completion
   poller.events.push_back([&] {
     v1::WorkerMessage stats;
@@ -404,8 +401,7 @@ TEST(WorkerGroupPollerTest, CollectOutputPollsTheTransportUntilTheResultArrives)
   EXPECT_EQ(poller.polls, 3);
   // A result already delivered (by the transport's own thread) is taken
   // without polling.
-  ASSERT_TRUE(group.Execute(OneRowStep(2)).ok());
-  ASSERT_TRUE(group.Sample(2, nullptr).ok());
+  Launch(group, 2);
   group.OnMessage(&a, Result(1, 2, 43));
   poller.events.clear();
   const int before = poller.polls;
@@ -422,20 +418,16 @@ TEST(WorkerGroupPollerTest, AShutDownTransportFallsBackToWaiting) {
   WorkerGroup group(Options(1, absl::Milliseconds(200)));
   FakePoller poller;
   poller.shut_down = true;
-  group.set_poller(&poller);
   FakeLink a("a");
-  group.OnMessage(&a, Register(0, 1, 100));
-  Form(group, {&a}, 1);
-  ASSERT_TRUE(group.Execute(OneRowStep(1)).ok());
-  ASSERT_TRUE(group.Sample(1, nullptr).ok());
+  FormPolled(group, &poller, &a);
+  Launch(group, 1);
   std::thread transport([&] { group.OnMessage(&a, Result(1, 1, 42)); });
   auto collected = group.CollectOutput(1);
   transport.join();
   ASSERT_TRUE(collected.ok()) << collected.status();
   EXPECT_EQ(collected->sampled_token_ids, std::vector<TokenId>{42});
   EXPECT_EQ(poller.polls, 1);
-  ASSERT_TRUE(group.Execute(OneRowStep(2)).ok());
-  ASSERT_TRUE(group.Sample(2, nullptr).ok());
+  Launch(group, 2);
   collected = group.CollectOutput(2);
   EXPECT_EQ(collected.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(poller.polls, 2);
