@@ -34,6 +34,12 @@ expect_refusal(2 "flag --max-num-seqs must be in [1, 1048576], got 0" ${SCHEDULE
 expect_refusal(2 "flag --worker-port must be in [-1, 65535], got 70000" ${SCHEDULER} --worker-port 70000)
 expect_refusal(1 "the workers' port must differ from the gRPC port (50999)"
                ${SCHEDULER} --port 50999 --worker-port 50999 --http-port -1)
+string(REPEAT "d" 120 long_dir)
+expect_refusal(1 "the workers' socket path is 132 bytes; a Unix socket's is at most 107"
+               ${SCHEDULER} --worker-socket /tmp/${long_dir}/w.sock --http-port -1)
+expect_refusal(1 "${CMAKE_CURRENT_LIST_FILE} exists and is not a socket: not replacing it"
+               ${SCHEDULER} --worker-socket ${CMAKE_CURRENT_LIST_FILE} --http-port -1)
+expect_refusal(2 "flag --scheduler: unix: needs the path of the scheduler's --worker-socket" ${WORKER} --scheduler unix:)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${TANDEM} serve --backend tpu --port 0 --grpc-port 0)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${WORKER} --backend tpu)
 expect_refusal(2 "flag --comm nccl needs --backend cuda" ${WORKER} --comm nccl)

@@ -1,5 +1,10 @@
 #include "common/rpc/grpc_options.h"
 
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "absl/strings/str_cat.h"
+
 namespace tandem::rpc {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const RpcOptions& options) {
@@ -28,6 +33,21 @@ void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Workers ping as often as we ask them to: do not treat it as abuse.
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, options.keepalive_time_ms / 2);
+}
+
+absl::Status CheckUnixSocketPath(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  // sockaddr_un's sun_path, with its terminating NUL.
+  constexpr size_t kMaxPath = sizeof(sockaddr_un{}.sun_path) - 1;
+  if (path.size() > kMaxPath) {
+    return absl::InvalidArgumentError(absl::StrCat("the workers' socket path is ", path.size(),
+                                                   " bytes; a Unix socket's is at most ", kMaxPath, ": ", path));
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " exists and is not a socket: not replacing it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ToAbsl(const grpc::Status& status) {

@@ -30,6 +30,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const RpcOptions& options = {});
 void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options = {});
 
+// Why `path` cannot be a Unix socket gRPC listens on (longer than a
+// socket's path may be, or something other than a socket is there, which a
+// bind would not replace); OK for "". Messages name "the workers' socket"
+// (tandem-scheduler --worker-socket, its one use).
+absl::Status CheckUnixSocketPath(const std::string& path);
+
 absl::Status ToAbsl(const grpc::Status& status);
 grpc::Status ToGrpc(const absl::Status& status);
 

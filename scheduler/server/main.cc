@@ -25,6 +25,7 @@
 #include "common/flags.h"
 #include "common/gguf/llama_config.h"
 #include "common/gguf/model_file.h"
+#include "common/rpc/grpc_options.h"
 #include "common/tokenizer/tokenizer.h"
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 #include "scheduler/server/http/http_server.h"
@@ -47,6 +48,7 @@ struct ListenFlags {
   std::string port_file;
   int64_t worker_port = -1;
   std::string worker_port_file;
+  std::string worker_socket;
   std::string http_host = "127.0.0.1";
   int64_t http_port = 8000;
   std::string http_port_file;
@@ -60,6 +62,9 @@ struct ListenFlags {
                   "Faster: the engine thread then reads their results itself (README, Control plane)",
                   -1, 65535);
     flags->AddString("worker-port-file", &worker_port_file, "write the workers' port actually bound here");
+    flags->AddString("worker-socket", &worker_socket,
+                     "a Unix socket of their own for workers on this machine (they dial unix:PATH): the fastest\n"
+                     "control plane (README, Control plane); with --worker-port, remote workers dial that");
     flags->AddString("http-host", &http_host, "address of the OpenAI-compatible HTTP API");
     flags->AddInt("http-port", &http_port, "port of the HTTP API (0: any free port; -1: no HTTP API)", -1, 65535);
     flags->AddString("http-port-file", &http_port_file, "write the HTTP port actually bound here");
@@ -71,6 +76,15 @@ struct ModelInfo {
   gguf::LlamaConfig config;
   std::unique_ptr<Tokenizer> tokenizer;
 };
+
+// " on port P and unix:PATH" for the startup line: where workers dial when
+// not on the gRPC port.
+std::string WorkersWhere(const SchedulerServer::WorkerListen& workers, const SchedulerServer& server) {
+  std::string where;
+  if (workers.port != SchedulerServer::kWorkersOnMainPort) where = absl::StrCat(" on port ", server.worker_port());
+  if (!workers.socket.empty()) absl::StrAppend(&where, where.empty() ? " on " : " and ", "unix:", workers.socket);
+  return where;
+}
 
 absl::StatusOr<ModelInfo> ReadModelInfo(const std::string& path) {
   auto file = gguf::OpenModelFile(path);
@@ -207,7 +221,9 @@ int Main(int argc, char** argv) {
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
-  if (absl::Status s = f.Validate(); !s.ok()) {
+  absl::Status valid = f.Validate();
+  if (valid.ok()) valid = rpc::CheckUnixSocketPath(listen.worker_socket);
+  if (absl::Status s = valid; !s.ok()) {
     if (!check_flags) return Fail(std::string(s.message()));
     std::fprintf(stderr, "tandem-scheduler: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -216,7 +232,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "tandem-scheduler: flags accepted\n");
     return 0;
   }
-  if (listen.worker_port >= 0) {
+  SchedulerServer::WorkerListen workers;
+  workers.port = static_cast<int>(listen.worker_port);
+  workers.socket = listen.worker_socket;
+  if (workers.own_server()) {
     // Before gRPC starts: gRPC's default epoll1 engine has one thread poll
     // for the whole process, and hands the workers' reads to it rather than
     // to the engine thread that waits for them (README, Control plane). A
@@ -257,7 +276,7 @@ int Main(int argc, char** argv) {
   engine->set_listener(&metrics);
   auto grpc_server =
       SchedulerServer::Start(listen.host, static_cast<int>(listen.port), &group, engine.get(), model->tokenizer.get(),
-                             f.tls, static_cast<int>(listen.worker_port));
+                             f.tls, workers);
   if (!grpc_server.ok()) return Fail(std::string(grpc_server.status().message()));
   health.store(grpc_server->get());
   (*grpc_server)->PublishHealth();
@@ -266,7 +285,7 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "tandem-scheduler: listening on %s:%d%s for %lld worker(s)%s; model %s\n", listen.host.c_str(),
                (*grpc_server)->port(), f.tls.enabled() ? " (mutual TLS)" : "",
                static_cast<long long>(f.pipeline_parallel_size),
-               listen.worker_port < 0 ? "" : absl::StrCat(" on port ", (*grpc_server)->worker_port()).c_str(),
+               WorkersWhere(workers, **grpc_server).c_str(),
                model->config.name.c_str());
   engine->Start();
 

@@ -156,9 +156,10 @@ void ExpectSame(const std::map<int, Outcome>& got, const std::map<int, Outcome>&
 struct Config {
   int32_t stages;
   bool async_scheduling;
-  // The workers on a port of their own (LocalCluster's default) or on the
-  // Generate API's: the two ways scheduler/server/grpc serves them.
-  bool worker_port = true;
+  // Where the workers dial: a Unix socket of their own (LocalCluster's
+  // default), a TCP port of their own (as on Kubernetes) or the Generate
+  // API's port: the ways scheduler/server/grpc serves them.
+  LocalClusterOptions::WorkerLink link = LocalClusterOptions::WorkerLink::kSocket;
 };
 
 class DistributedTest : public ::testing::TestWithParam<Config> {};
@@ -168,7 +169,7 @@ TEST_P(DistributedTest, MixedRequestsMatchTheInProcessEngine) {
   LocalClusterOptions options = TestCluster();
   options.scheduler.pipeline_parallel_size = GetParam().stages;
   options.scheduler.async_scheduling = GetParam().async_scheduling;
-  if (!GetParam().worker_port) options.worker_port = -1;
+  options.worker_link = GetParam().link;
   options.trace_steps = true;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -199,7 +200,7 @@ TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
   LocalClusterOptions options = TestCluster();
   options.scheduler.pipeline_parallel_size = GetParam().stages;
   options.scheduler.async_scheduling = GetParam().async_scheduling;
-  if (!GetParam().worker_port) options.worker_port = -1;
+  options.worker_link = GetParam().link;
   // About 21 blocks on the stage with the most layers (4 KiB per layer and block).
   const int32_t stage_layers = (3 + GetParam().stages - 1) / GetParam().stages;
   options.worker.kv_cache_memory = 21 * 4096 * stage_layers;
@@ -214,11 +215,16 @@ TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, DistributedTest,
                          ::testing::Values(Config{1, true}, Config{1, false}, Config{2, true}, Config{2, false},
-                                           Config{3, true}, Config{3, false}, Config{2, true, false}),
+                                           Config{3, true}, Config{3, false},
+                                           Config{2, true, LocalClusterOptions::WorkerLink::kPort},
+                                           Config{2, true, LocalClusterOptions::WorkerLink::kMainPort}),
                          [](const auto& info) {
+                           const char* link = info.param.link == LocalClusterOptions::WorkerLink::kPort ? "WorkersOnAPort"
+                                              : info.param.link == LocalClusterOptions::WorkerLink::kMainPort
+                                                  ? "WorkersOnTheGenerateApiPort"
+                                                  : "";
                            return "PP" + std::to_string(info.param.stages) +
-                                  (info.param.async_scheduling ? "Async" : "Sync") +
-                                  (info.param.worker_port ? "" : "WorkersOnTheGenerateApiPort");
+                                  (info.param.async_scheduling ? "Async" : "Sync") + link;
                          });
 
 // The scheduler's state once nothing runs and no step is in flight.

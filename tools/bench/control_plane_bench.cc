@@ -212,7 +212,10 @@ struct BenchOptions {
   int64_t prompt_tokens = 8;
   int64_t repeats = 1;
   std::string log_dir = "/tmp";
-  bool worker_port = false;  // the workers on a port (a server) of their own
+  // Where the workers dial: "socket" (a Unix socket of their own, as
+  // `tandem serve` has them), "port" (a TCP port of their own, as on
+  // Kubernetes) or "main" (the Generate API's port).
+  std::string workers = "socket";
 };
 
 bool WaitFor(const std::function<bool()>& done, double seconds) {
@@ -224,8 +227,9 @@ bool WaitFor(const std::function<bool()>& done, double seconds) {
   return true;
 }
 
-absl::StatusOr<pid_t> SpawnWorker(const BenchOptions& o, const Config& c, int port, int rank, int64_t kv_bytes) {
-  std::vector<std::string> argv = {o.worker, "--scheduler", absl::StrCat("127.0.0.1:", port), "--rank",
+absl::StatusOr<pid_t> SpawnWorker(const BenchOptions& o, const Config& c, const std::string& target, int rank,
+                                  int64_t kv_bytes) {
+  std::vector<std::string> argv = {o.worker, "--scheduler", target, "--rank",
                                    absl::StrCat(rank), "--world-size", absl::StrCat(c.stages), "--model", o.model,
                                    "--fake-model", absl::StrCat("--kv-cache-memory=", kv_bytes)};
   const std::string log = absl::StrCat(o.log_dir, "/control_plane_bench.worker", rank, ".log");
@@ -263,10 +267,13 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   };
   scheduler::WorkerGroup group(group_options);
   engine = std::make_unique<scheduler::ServingEngine>(config, &group, std::vector<scheduler::StepObserver*>{&meter});
-  auto server = scheduler::SchedulerServer::Start(
-      "127.0.0.1", 0, &group, engine.get(), nullptr, {},
-      o.worker_port ? 0 : scheduler::SchedulerServer::kWorkersOnMainPort);
+  scheduler::SchedulerServer::WorkerListen listen;
+  if (o.workers == "port") listen.port = 0;
+  if (o.workers == "socket") listen.socket = absl::StrCat("/tmp/control_plane_bench.", getpid(), ".sock");
+  auto server = scheduler::SchedulerServer::Start("127.0.0.1", 0, &group, engine.get(), nullptr, {}, listen);
   if (!server.ok()) return server.status();
+  const std::string target = o.workers == "socket" ? "unix:" + listen.socket
+                                                   : absl::StrCat("127.0.0.1:", (*server)->worker_port());
   engine->Start();
   std::vector<pid_t> workers;
   auto stop = [&] {
@@ -276,7 +283,7 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
     for (pid_t pid : workers) waitpid(pid, nullptr, 0);
   };
   for (int r = 0; r < c.stages; ++r) {
-    auto pid = SpawnWorker(o, c, (*server)->worker_port(), r, blocks * 8 * config.block_size);
+    auto pid = SpawnWorker(o, c, target, r, blocks * 8 * config.block_size);
     if (!pid.ok()) {
       stop();
       return pid.status();
@@ -381,13 +388,18 @@ int Main(int argc, char** argv) {
                "runs per configuration; the one with the least CPU per step is shown (on a shared\n"
                "machine the others are inflated by contention)");
   flags.AddString("log-dir", &o.log_dir, "where the workers' logs go");
-  flags.AddBool("worker-port", &o.worker_port,
-                "the workers dial a port of their own (tandem-scheduler --worker-port), not the Generate API's");
+  flags.AddString("workers", &o.workers,
+                  "where the workers dial: socket (a Unix socket of their own: tandem-scheduler --worker-socket,\n"
+                  "as tandem serve has them), port (a TCP port of their own: --worker-port, as on Kubernetes)\n"
+                  "or main (the Generate API's port)");
   if (std::optional<int> code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) return *code;
   const std::vector<int64_t> running_list = ParseList(running), stage_list = ParseList(stages);
   if (running_list.empty() || stage_list.empty() || o.steps < 1 || o.prompt_tokens < 1 || o.repeats < 1 ||
-      (async != "on" && async != "off" && async != "on,off")) {
-    std::fprintf(stderr, "control_plane_bench: --running, --stages: positive integers; --async: on, off or on,off\n");
+      (async != "on" && async != "off" && async != "on,off") ||
+      (o.workers != "socket" && o.workers != "port" && o.workers != "main")) {
+    std::fprintf(stderr,
+                 "control_plane_bench: --running, --stages: positive integers; --async: on, off or on,off; "
+                 "--workers: socket, port or main\n");
     return 2;
   }
   auto file = gguf::OpenModelFile(o.model);
@@ -400,9 +412,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "control_plane_bench: %s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  // As tandem-scheduler --worker-port does, before gRPC starts.
-  if (o.worker_port) setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
+  // As tandem-scheduler does for workers with a server of their own, before
+  // gRPC starts.
+  if (o.workers != "main") setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   signal(SIGPIPE, SIG_IGN);
+  std::printf("Workers dial: %s.\n\n", o.workers == "socket" ? "a Unix socket of their own"
+                                     : o.workers == "port"   ? "a TCP port of their own"
+                                                             : "the Generate API's port");
   std::printf("| running | stages | async | steps/s (wall) | scheduler CPU us/step | worker CPU us/step | "
               "bytes/request/step down | up | switches/step scheduler, workers |\n"
               "|---|---|---|---|---|---|---|---|---|\n");

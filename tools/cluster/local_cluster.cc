@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/rpc/grpc_options.h"
 #include "tools/client/grpc_generate_client.h"
 
 extern char** environ;
@@ -89,8 +90,20 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                    absl::StrCat("--http-port=", options.http_port)};
   if (options.http_port >= 0) argv.push_back("--http-port-file=" + http_port_file);
   const std::string worker_port_file = c->dir_ + "/worker_port";
-  if (options.worker_port >= 0) {
-    argv.push_back(absl::StrCat("--worker-port=", options.worker_port));
+  LocalClusterOptions::WorkerLink link = options.worker_link;
+  if (link == LocalClusterOptions::WorkerLink::kSocket) {
+    const std::string socket = c->dir_ + "/workers.sock";
+    // With TLS the workers check the scheduler's certificate against the
+    // host they dial, and a socket has none ("localhost" to gRPC): a port.
+    if (!scheduler_flags.tls.enabled() && rpc::CheckUnixSocketPath(socket).ok()) {
+      c->worker_socket_ = socket;
+      argv.push_back("--worker-socket=" + socket);
+    } else {
+      link = LocalClusterOptions::WorkerLink::kPort;
+    }
+  }
+  if (link == LocalClusterOptions::WorkerLink::kPort) {
+    argv.push_back("--worker-port=0");
     argv.push_back("--worker-port-file=" + worker_port_file);
   }
   for (std::string& arg : scheduler_flags.ToArgs()) argv.push_back(std::move(arg));
@@ -114,9 +127,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     return absl::OkStatus();
   };
   if (absl::Status s = read_port(port_file, "gRPC", &c->port_); !s.ok()) return s;
-  c->worker_port_ = c->port_;
-  if (options.worker_port >= 0) {
-    c->worker_port_ = 0;
+  c->worker_port_ = link == LocalClusterOptions::WorkerLink::kMainPort ? c->port_ : 0;
+  if (link == LocalClusterOptions::WorkerLink::kPort) {
     if (absl::Status s = read_port(worker_port_file, "workers'", &c->worker_port_); !s.ok()) return s;
   }
   if (options.http_port >= 0) {

@@ -33,9 +33,17 @@ struct LocalClusterOptions {
   worker::WorkerFlags worker;
   std::string host = "127.0.0.1";
   int32_t port = 0;       // gRPC; 0: any free port
-  // The workers' own port (tandem-scheduler --worker-port); 0: any free
-  // port; -1: they dial `port`.
-  int32_t worker_port = 0;
+  // Where the workers dial (worker_target()).
+  enum class WorkerLink {
+    // A Unix socket in the cluster's directory (tandem-scheduler
+    // --worker-socket): the fastest; a port of their own instead with TLS
+    // (certificates name hosts) or when the directory's path is too long
+    // for a socket's.
+    kSocket,
+    kPort,      // a TCP port of their own on `host` (--worker-port=0)
+    kMainPort,  // the Generate API's port
+  };
+  WorkerLink worker_link = WorkerLink::kSocket;
   int32_t http_port = 0;  // the OpenAI API on `host`; 0: any free port; -1: none
   // Empty: a fresh directory under /tmp, removed by the destructor unless
   // `keep_directory`. Logs go there unless `inherit_output`.
@@ -56,8 +64,10 @@ class LocalCluster {
 
   // The gRPC Generate API.
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  // Where the workers dial.
-  std::string worker_target() const { return "127.0.0.1:" + std::to_string(worker_port_); }
+  // Where the workers dial: unix:PATH or 127.0.0.1:PORT.
+  std::string worker_target() const {
+    return worker_socket_.empty() ? "127.0.0.1:" + std::to_string(worker_port_) : "unix:" + worker_socket_;
+  }
   // The OpenAI API's port; 0 without one.
   int http_port() const { return http_port_; }
   const std::string& directory() const { return dir_; }
@@ -98,6 +108,7 @@ class LocalCluster {
   std::string dir_;
   int port_ = 0;
   int worker_port_ = 0;
+  std::string worker_socket_;  // "" unless the workers dial one
   int http_port_ = 0;
   pid_t scheduler_ = -1;
   std::vector<pid_t> workers_;

@@ -1,6 +1,7 @@
 #include "worker/server/worker_flags.h"
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::worker {
@@ -52,7 +53,8 @@ std::vector<std::string> WorkerFlags::ToArgs() const {
 }
 
 void WorkerPlacementFlags::Register(FlagParser* flags) {
-  flags->AddString("scheduler", &scheduler, "the scheduler's HOST:PORT");
+  flags->AddString("scheduler", &scheduler,
+                   "the scheduler's HOST:PORT, or unix:PATH (its --worker-socket, on this machine)");
   flags->AddInt("rank", &rank, "this worker's pipeline stage", 0, 63);
   flags->AddInt("world-size", &world_size, "pipeline stages in the group", 1, 64);
   flags->AddInt("block-size", &block_size, "tokens per KV block (the scheduler's)", 1, 1024);
@@ -68,6 +70,26 @@ void WorkerPlacementFlags::Register(FlagParser* flags) {
   flags->AddBool("check-flags", &check_flags, "check every flag and exit (0: accepted) without reading the model");
 }
 
+namespace {
+
+// HOST:PORT, or unix:PATH (the scheduler's --worker-socket; gRPC reads it).
+absl::Status ValidateSchedulerAddress(const std::string& scheduler) {
+  if (absl::StartsWith(scheduler, "unix:")) {
+    if (scheduler.size() > 5) return absl::OkStatus();
+    return absl::InvalidArgumentError("flag --scheduler: unix: needs the path of the scheduler's --worker-socket");
+  }
+  const size_t colon = scheduler.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(scheduler.substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --scheduler expects HOST:PORT or unix:PATH, got '", scheduler, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WorkerPlacementFlags::Validate() const {
   if (rank >= world_size) {
     return absl::InvalidArgumentError(
@@ -77,13 +99,7 @@ absl::Status WorkerPlacementFlags::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("flag --scheduler has an unresolved variable: '", scheduler, "'"));
   }
-  const size_t colon = scheduler.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(scheduler.substr(colon + 1), &port) ||
-      port < 1 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flag --scheduler expects HOST:PORT, got '", scheduler, "'"));
-  }
+  if (absl::Status s = ValidateSchedulerAddress(scheduler); !s.ok()) return s;
   if (comm_host.empty() || comm_host.find("$(") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("flag --comm-host expects an address, got '", comm_host, "'"));
   }

@@ -109,7 +109,9 @@ TEST(WorkerPlacementFlagsTest, UnresolvedVariablesAndBadValuesNameTheFlag) {
   EXPECT_THAT(parse({"--scheduler=$(LWS_LEADER_ADDRESS):50051"}),
               HasSubstr("flag --scheduler has an unresolved variable"));
   EXPECT_THAT(parse({"--comm-host=$(POD_IP)"}), HasSubstr("flag --comm-host expects an address"));
-  EXPECT_THAT(parse({"--scheduler=tandem-0"}), HasSubstr("flag --scheduler expects HOST:PORT"));
+  EXPECT_THAT(parse({"--scheduler=tandem-0"}), HasSubstr("flag --scheduler expects HOST:PORT or unix:PATH"));
+  EXPECT_THAT(parse({"--scheduler=unix:"}), HasSubstr("unix: needs the path of the scheduler's --worker-socket"));
+  EXPECT_EQ(parse({"--scheduler=unix:/run/tandem/workers.sock"}), "");  // the scheduler's --worker-socket
   EXPECT_THAT(parse({"--rank=2", "--world-size=2"}), HasSubstr("flag --rank must be below --world-size (2), got 2"));
   EXPECT_THAT(parse({"--comm-port=70000"}), HasSubstr("flag --comm-port must be in [0, 65535]"));
   EXPECT_THAT(parse({"--health-port=-2"}), HasSubstr("flag --health-port must be in [-1, 65535]"));

@@ -1,5 +1,8 @@
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 
 #include <grpcpp/grpcpp.h>
@@ -14,15 +17,28 @@
 
 namespace tandem::scheduler {
 
+namespace {
+
+// The socket at `path` if one is there (gRPC replaces an old socket when it
+// binds, but not when it stops).
+void RemoveSocket(const std::string& path) {
+  struct stat st;
+  if (!path.empty() && lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const std::string& host, int port,
                                                                         WorkerGroup* group, ServingEngine* engine,
                                                                         const Tokenizer* tokenizer,
-                                                                        const rpc::TlsFiles& tls, int worker_port) {
+                                                                        const rpc::TlsFiles& tls,
+                                                                        const WorkerListen& workers) {
   // gRPC binds with SO_REUSEPORT: a second server on the same port would
   // share its connections at random rather than fail.
-  if (worker_port != kWorkersOnMainPort && worker_port != 0 && worker_port == port) {
+  if (workers.port != kWorkersOnMainPort && workers.port != 0 && workers.port == port) {
     return absl::InvalidArgumentError(absl::StrCat("the workers' port must differ from the gRPC port (", port, ")"));
   }
+  if (absl::Status s = rpc::CheckUnixSocketPath(workers.socket); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = rpc::MakeServerCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);  // process-wide, before the build
@@ -33,29 +49,40 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const st
   builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
   rpc::ConfigureServer(&builder);
   builder.RegisterService(s->generate_service_.get());
-  if (worker_port == kWorkersOnMainPort) s->workers_ = std::make_unique<WorkerSessions>(group, &builder);
+  if (!workers.own_server()) s->workers_ = std::make_unique<WorkerSessions>(group, &builder);
   {
     absl::MutexLock lock(&s->health_mu_);
     s->server_ = builder.BuildAndStart();
     if (s->server_ == nullptr || s->port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
     }
-    s->worker_port_ = s->port_;
-    if (worker_port != kWorkersOnMainPort) {
+    s->worker_port_ = workers.own_server() ? 0 : s->port_;
+    if (workers.own_server()) {
       // A server of its own, with no callback-API service (not even the
       // default health service): gRPC's callback pollers would poll the
       // workers' connections too, and take their reads from the engine thread.
-      grpc::ServerBuilder workers;
-      workers.AddListeningPort(absl::StrCat(host, ":", worker_port), *credentials, &s->worker_port_);
-      workers.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
-      rpc::ConfigureServer(&workers);
-      s->workers_ = std::make_unique<WorkerSessions>(group, &workers);
-      s->worker_server_ = workers.BuildAndStart();
-      if (s->worker_server_ == nullptr || s->worker_port_ == 0) {
+      grpc::ServerBuilder builder;
+      std::string where;
+      if (workers.port != kWorkersOnMainPort) {
+        builder.AddListeningPort(absl::StrCat(host, ":", workers.port), *credentials, &s->worker_port_);
+        where = absl::StrCat(host, ":", workers.port);
+      }
+      int socket_bound = 0;
+      if (!workers.socket.empty()) {
+        builder.AddListeningPort("unix:" + workers.socket, *credentials, &socket_bound);
+        absl::StrAppend(&where, where.empty() ? "" : " and ", "unix:", workers.socket);
+      }
+      builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+      rpc::ConfigureServer(&builder);
+      s->workers_ = std::make_unique<WorkerSessions>(group, &builder);
+      s->worker_server_ = builder.BuildAndStart();
+      const bool port_bound = workers.port == kWorkersOnMainPort || s->worker_port_ != 0;
+      if (s->worker_server_ == nullptr || !port_bound || (!workers.socket.empty() && socket_bound == 0)) {
         s->server_->Shutdown();
         s->server_.reset();
-        return absl::UnavailableError(absl::StrCat("cannot listen for workers on ", host, ":", worker_port));
+        return absl::UnavailableError(absl::StrCat("cannot listen for workers on ", where));
       }
+      s->worker_socket_ = workers.socket;
     }
   }
   s->workers_->Start();
@@ -104,6 +131,7 @@ void SchedulerServer::Shutdown() {
   server->Shutdown(deadline);
   if (worker_server != nullptr) worker_server->Shutdown(deadline);
   workers_->Shutdown();
+  RemoveSocket(worker_socket_);
 }
 
 }  // namespace tandem::scheduler

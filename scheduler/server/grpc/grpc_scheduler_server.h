@@ -1,6 +1,7 @@
 // SchedulerServer: the scheduler process's gRPC server: the worker control
 // service and the Generate API on one listening port (or the workers on a
-// port of their own, a server of their own: README, Control plane), with
+// port or a Unix socket of their own, a server of their own: README, Control
+// plane), with
 // tandem's keepalive and message-size settings, and the standard health service
 // (grpc.health.v1.Health, which Kubernetes' `grpc:` probes ask): "" is
 // SERVING until a drain starts; "ready" is SERVING while the worker group is
@@ -30,26 +31,44 @@ namespace tandem::scheduler {
 class WorkerSessions;
 class GrpcGenerateService;
 
+// Where the workers dial. With a socket or a port set they have a server of
+// their own, which the engine thread drives (README, Control plane), and the
+// Generate API's port refuses them.
+struct WorkerListenOptions {
+  // The workers on the Generate API's port.
+  static constexpr int kMainPort = -1;
+  // host:port (0: any free port); kMainPort: none of their own.
+  int port = kMainPort;
+  // A Unix socket at this path ("": none), for workers on this machine: no
+  // TCP stack under each step (README, Control plane). An old socket there
+  // is replaced; the socket is removed at Shutdown.
+  std::string socket;
+  bool own_server() const { return port != kMainPort || !socket.empty(); }
+};
+
 class SchedulerServer {
  public:
-  // The workers on the Generate API's port.
-  static constexpr int kWorkersOnMainPort = -1;
+  static constexpr int kWorkersOnMainPort = WorkerListenOptions::kMainPort;
 
-  // Listens on host:port (0: any free port), and for the workers on
-  // host:worker_port (0: any free port; kWorkersOnMainPort: on `port`), with
-  // mutual TLS when `tls` is set (every client, workers and Generate
-  // callers, then needs a certificate its CA signed). Makes itself the
-  // group's poller. The others must outlive it.
+  using WorkerListen = WorkerListenOptions;
+
+  // Listens on host:port (0: any free port), and for the workers as
+  // `workers` says, with mutual TLS when `tls` is set (every client, workers
+  // and Generate callers, then needs a certificate its CA signed). Makes
+  // itself the group's poller. The others must outlive it.
   static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const std::string& host, int port,
                                                                 WorkerGroup* group, ServingEngine* engine,
                                                                 const Tokenizer* tokenizer,
                                                                 const rpc::TlsFiles& tls = {},
-                                                                int worker_port = kWorkersOnMainPort);
+                                                                const WorkerListen& workers = {});
   ~SchedulerServer();
 
   int port() const { return port_; }
-  // Where the workers dial: port() unless they have a port of their own.
+  // The workers' TCP port: port() unless they have a port of their own; 0
+  // when they have only a socket.
   int worker_port() const { return worker_port_; }
+  // The workers' Unix socket ("" without one); they dial "unix:" + it.
+  const std::string& worker_socket() const { return worker_socket_; }
   // Brings the health service up to date with the group; cheap when nothing
   // changed (the group's on_change calls it on every membership or
   // readiness change, not on step results).
@@ -71,6 +90,7 @@ class SchedulerServer {
   int published_ ABSL_GUARDED_BY(health_mu_) = -1;  // bit 0: "", bit 1: "ready"; -1: none yet
   int port_ = 0;
   int worker_port_ = 0;
+  std::string worker_socket_;
 };
 
 }  // namespace tandem::scheduler

@@ -1,17 +1,28 @@
 // WorkerSessions through a real SchedulerServer on 127.0.0.1, with the
-// workers on a port of their own and on the Generate API's: a fake worker
+// workers on the Generate API's port, on a port of their own and on a Unix
+// socket of their own: a fake worker
 // (a gRPC client in this process) registers and answers steps; this test's
 // thread plays the engine (Execute, Sample, CollectOutput drive the queue).
 #include "scheduler/server/grpc/worker_sessions.h"
 
 #include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_options.h"
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 #include "scheduler/server/serving_engine.h"
@@ -33,8 +44,8 @@ bool WaitFor(const std::function<bool()>& done) {
 // every step with an empty result.
 class FakeWorker {
  public:
-  explicit FakeWorker(int port)
-      : stub_(v1::WorkerControl::NewStub(rpc::MakeChannel("127.0.0.1:" + std::to_string(port)))),
+  explicit FakeWorker(const std::string& target)
+      : stub_(v1::WorkerControl::NewStub(rpc::MakeChannel(target))),
         stream_(stub_->Session(&context_)),
         thread_([this] { Run(); }) {}
   ~FakeWorker() {
@@ -95,16 +106,28 @@ class FakeWorker {
   std::thread thread_;  // last: starts after everything it uses
 };
 
-class WorkerSessionsTest : public ::testing::TestWithParam<bool> {
+// Where the workers dial.
+enum class Listen { kGenerateApiPort, kOwnPort, kSocket };
+
+class WorkerSessionsTest : public ::testing::TestWithParam<Listen> {
  protected:
   WorkerSessionsTest() : group_(Options()) {
     EngineConfig config;
     config.vocab_size = 100;
     engine_ = std::make_unique<ServingEngine>(config, &group_);  // never started: the test steps the group
-    auto server = SchedulerServer::Start("127.0.0.1", 0, &group_, engine_.get(), nullptr, {},
-                                         GetParam() ? 0 : SchedulerServer::kWorkersOnMainPort);
+    if (GetParam() == Listen::kOwnPort) listen_.port = 0;
+    if (GetParam() == Listen::kSocket) listen_.socket = SocketPath();
+    auto server = SchedulerServer::Start("127.0.0.1", 0, &group_, engine_.get(), nullptr, {}, listen_);
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) server_ = *std::move(server);
+  }
+
+  static std::string SocketPath() { return absl::StrCat("/tmp/worker_sessions_test_", getpid(), ".sock"); }
+
+  // What a worker dials.
+  std::string WorkerTarget() const {
+    if (!listen_.socket.empty()) return "unix:" + listen_.socket;
+    return absl::StrCat("127.0.0.1:", server_->worker_port());
   }
 
   static WorkerGroupOptions Options() {
@@ -128,14 +151,16 @@ class WorkerSessionsTest : public ::testing::TestWithParam<bool> {
 
   WorkerGroup group_;
   std::unique_ptr<ServingEngine> engine_;
+  SchedulerServer::WorkerListen listen_;
   std::unique_ptr<SchedulerServer> server_;
   StepSeq step_seq_ = 0;
 };
 
 TEST_P(WorkerSessionsTest, StepsRunAndEachAnswerIsTheOldestStepsInOrder) {
   ASSERT_NE(server_, nullptr);
-  EXPECT_EQ(server_->worker_port() != server_->port(), GetParam());
-  FakeWorker worker(server_->worker_port());
+  EXPECT_EQ(server_->worker_port() == server_->port(), GetParam() == Listen::kGenerateApiPort);
+  EXPECT_EQ(server_->worker_socket(), listen_.socket);
+  FakeWorker worker(WorkerTarget());
   ASSERT_TRUE(WaitFor([&] { return group_.ready(); })) << group_.Status().description;
   for (StepSeq expected = 1; expected <= 20; ++expected) {
     auto result = Step();
@@ -159,8 +184,8 @@ TEST_P(WorkerSessionsTest, StepsRunAndEachAnswerIsTheOldestStepsInOrder) {
 
 TEST_P(WorkerSessionsTest, OnlyTheWorkersPortServesWorkers) {
   ASSERT_NE(server_, nullptr);
-  if (!GetParam()) GTEST_SKIP() << "one port serves both";
-  FakeWorker stray(server_->port());  // the Generate API's port
+  if (GetParam() == Listen::kGenerateApiPort) GTEST_SKIP() << "one port serves both";
+  FakeWorker stray(absl::StrCat("127.0.0.1:", server_->port()));  // the Generate API's port
   ASSERT_TRUE(WaitFor([&] { return stray.ended(); }));
   EXPECT_EQ(stray.code(), grpc::StatusCode::UNIMPLEMENTED) << stray.message();
   EXPECT_FALSE(Connected());
@@ -172,7 +197,7 @@ TEST_P(WorkerSessionsTest, OnlyTheWorkersPortServesWorkers) {
 TEST_P(WorkerSessionsTest, WhileTheEngineIsIdleWorkersComeAndGoAndTheNextStepRuns) {
   ASSERT_NE(server_, nullptr);
   {
-    FakeWorker worker(server_->worker_port());
+    FakeWorker worker(WorkerTarget());
     ASSERT_TRUE(WaitFor([&] { return group_.ready(); })) << group_.Status().description;
     ASSERT_TRUE(Step().ok());
     worker.Leave();
@@ -182,7 +207,7 @@ TEST_P(WorkerSessionsTest, WhileTheEngineIsIdleWorkersComeAndGoAndTheNextStepRun
   group_.Reset();
   // Formed with nobody in CollectOutput: on the idle thread, which holds
   // the queue now; the steps take it back.
-  FakeWorker second(server_->worker_port());
+  FakeWorker second(WorkerTarget());
   ASSERT_TRUE(WaitFor([&] { return group_.ready(); })) << group_.Status().description;
   for (int i = 0; i < 3; ++i) {
     auto result = Step();
@@ -193,17 +218,69 @@ TEST_P(WorkerSessionsTest, WhileTheEngineIsIdleWorkersComeAndGoAndTheNextStepRun
 
 TEST_P(WorkerSessionsTest, ShutdownEndsTheWorkersStreamsAndStepsFailCleanly) {
   ASSERT_NE(server_, nullptr);
-  FakeWorker worker(server_->worker_port());
+  FakeWorker worker(WorkerTarget());
   ASSERT_TRUE(WaitFor([&] { return group_.ready(); })) << group_.Status().description;
   ASSERT_TRUE(Step().ok());
   server_->Shutdown();
   EXPECT_TRUE(WaitFor([&] { return worker.ended(); }));
   EXPECT_FALSE(Connected());
   EXPECT_FALSE(Step().ok());  // no worker: an error, not a hang
+  if (GetParam() == Listen::kSocket) {
+    EXPECT_FALSE(std::filesystem::exists(listen_.socket)) << "the socket outlived the server";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ports, WorkerSessionsTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "OwnPort" : "GenerateApiPort"; });
+// A socket left by a scheduler that did not stop cleanly is replaced; a file
+// that is not a socket is refused, not removed.
+TEST(WorkerSocketTest, AnOldSocketIsReplacedAndAnythingElseRefused) {
+  const std::string path = absl::StrCat("/tmp/worker_socket_test_", getpid(), ".sock");
+  {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << std::strerror(errno);
+    close(fd);  // the socket file stays, as after a crash
+  }
+  EXPECT_TRUE(rpc::CheckUnixSocketPath(path).ok());
+  WorkerGroupOptions options;
+  options.world_size = 1;
+  options.block_size = 16;
+  WorkerGroup group(options);
+  EngineConfig config;
+  config.vocab_size = 100;
+  ServingEngine engine(config, &group);
+  SchedulerServer::WorkerListen listen;
+  listen.socket = path;
+  {
+    auto server = SchedulerServer::Start("127.0.0.1", 0, &group, &engine, nullptr, {}, listen);
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_EQ((*server)->worker_port(), 0);  // a socket only
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  { std::ofstream(path) << "not a socket"; }
+  auto refused = SchedulerServer::Start("127.0.0.1", 0, &group, &engine, nullptr, {}, listen);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove(path);
+  listen.socket = "/tmp/" + std::string(120, 'd') + "/w.sock";
+  EXPECT_THAT(std::string(rpc::CheckUnixSocketPath(listen.socket).message()),
+              ::testing::HasSubstr("a Unix socket's is at most 107"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Listens, WorkerSessionsTest,
+                         ::testing::Values(Listen::kGenerateApiPort, Listen::kOwnPort, Listen::kSocket),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case Listen::kGenerateApiPort:
+                               return "GenerateApiPort";
+                             case Listen::kOwnPort:
+                               return "OwnPort";
+                             case Listen::kSocket:
+                               return "Socket";
+                           }
+                           return "?";
+                         });
 
 }  // namespace
 }  // namespace tandem::scheduler

@@ -56,8 +56,9 @@ std::string GrpcSchedulerLink::Finish() {
   finished_ = true;
   const grpc::Status status = stream_->Finish();
   if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-    // A scheduler with --worker-port serves no workers on its --port.
-    return "that port serves no workers: dial the scheduler's --worker-port";
+    // A scheduler with --worker-port or --worker-socket serves no workers on
+    // its --port.
+    return "that port serves no workers: dial the scheduler's --worker-port or --worker-socket";
   }
   return status.ok() ? "the scheduler closed the stream" : status.error_message();
 }

@@ -118,7 +118,7 @@ TEST(GrpcSchedulerLinkTest, APortThatServesNoWorkersSaysSo) {
   v1::SchedulerMessage answer;
   std::string reason;
   EXPECT_FALSE(link.Receive(&answer, &reason));
-  EXPECT_EQ(reason, "that port serves no workers: dial the scheduler's --worker-port");
+  EXPECT_EQ(reason, "that port serves no workers: dial the scheduler's --worker-port or --worker-socket");
   link.Shutdown();
   server->Shutdown();
 }
