@@ -71,20 +71,26 @@ class WorkerSession final : public WorkerLink {
         stream_.Read(&in_, &read_tag_);
         return true;
       }
-      case Op::kRead:
+      case Op::kRead: {
         // Not under mu_: in_ is only touched by the one read in flight.
         if (ok) group_->OnMessage(this, in_);
+        bool defer = false;
         {
           absl::MutexLock lock(&mu_);
           if (ok && !finish_requested_) {
-            stream_.Read(&in_, &read_tag_);
+            defer = true;  // reading_ stays set: the session lives until the read is posted
           } else {
             reading_ = false;
             // The worker closed its side, or the connection is gone.
             FinishLocked(grpc::Status::OK);
           }
         }
+        if (defer) {
+          owner_->DeferRead(this);
+          return true;
+        }
         break;
+      }
       case Op::kWrite: {
         absl::MutexLock lock(&mu_);
         out_.pop_front();
@@ -114,6 +120,19 @@ class WorkerSession final : public WorkerLink {
     }
     MaybeEnd();
     return true;
+  }
+
+  // The read DeferRead held back.
+  void PostRead() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_requested_) {
+        stream_.Read(&in_, &read_tag_);
+        return;
+      }
+      reading_ = false;
+    }
+    MaybeEnd();
   }
 
   WorkerSessions::Tag accept_tag_{this, Op::kAccept};
@@ -224,7 +243,27 @@ void WorkerSessions::Shutdown() {
   if (idle_thread_.joinable()) idle_thread_.join();
 }
 
+void WorkerSessions::DeferRead(WorkerSession* session) {
+  absl::MutexLock lock(&mu_);
+  deferred_reads_.push_back(session);
+  reads_deferred_.store(true, std::memory_order_relaxed);
+}
+
 bool WorkerSessions::Next(std::chrono::system_clock::time_point deadline) {
+  if (!reads_deferred_.load(std::memory_order_relaxed)) return NextEvent(deadline);
+  // What has arrived is read into the transport with no read pending for it.
+  if (!NextEvent(std::chrono::system_clock::now())) return false;
+  std::vector<WorkerSession*> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    sessions.swap(deferred_reads_);
+    reads_deferred_.store(false, std::memory_order_relaxed);
+  }
+  for (WorkerSession* session : sessions) session->PostRead();
+  return true;
+}
+
+bool WorkerSessions::NextEvent(std::chrono::system_clock::time_point deadline) {
   void* tag = nullptr;
   bool ok = false;
   switch (cq_->AsyncNext(&tag, &ok, deadline)) {

@@ -17,9 +17,11 @@
 #ifndef TANDEM_SCHEDULER_SERVER_GRPC_WORKER_SESSIONS_H_
 #define TANDEM_SCHEDULER_SERVER_GRPC_WORKER_SESSIONS_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
@@ -32,6 +34,8 @@
 #include "tandem/v1/worker_service.grpc.pb.h"
 
 namespace tandem::scheduler {
+
+class WorkerSession;
 
 class WorkerSessions final : public LinkPoller {
  public:
@@ -61,8 +65,16 @@ class WorkerSessions final : public LinkPoller {
 
  private:
   enum class Driver { kNone, kEngine, kIdleThread };
-  // Delivers one event; false when the queue is shut down and drained.
+  // Delivers one event, or posts the reads that wait (below); false when
+  // the queue is shut down and drained.
   bool Next(std::chrono::system_clock::time_point deadline);
+  bool NextEvent(std::chrono::system_clock::time_point deadline);
+  // A session's next read is posted by whoever drives the queue next, after
+  // one look at the queue without waiting: gRPC 1.51 answers data that
+  // arrives for a stream with a read pending by a WINDOW_UPDATE of its own
+  // (a write and a wake-up of the worker a step); data that arrived before
+  // the read is announced with the next write, the next step.
+  void DeferRead(WorkerSession* session) ABSL_LOCKS_EXCLUDED(mu_);
   void Dispatch(void* tag, bool ok);
   // Requests the next worker's session.
   void Accept() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -82,6 +94,8 @@ class WorkerSessions final : public LinkPoller {
   bool accepting_ ABSL_GUARDED_BY(mu_) = false;  // a request for the next session is out
   int sessions_ ABSL_GUARDED_BY(mu_) = 0;        // accepted, not yet ended
   absl::Time engine_polled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<WorkerSession*> deferred_reads_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> reads_deferred_{false};  // deferred_reads_ is not empty
   std::thread idle_thread_;
 };
 
