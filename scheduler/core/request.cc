@@ -75,12 +75,6 @@ Request::Request(RequestSpec spec, uint64_t arrival_seq, int32_t block_size, uin
   HashNewFullBlocks();
 }
 
-void Request::AppendOutputToken(TokenId token) {
-  all_token_ids_.push_back(token);
-  // block_size_ is a power of two (EngineConfig::Validate).
-  if (block_size_ > 0 && (all_token_ids_.size() & (block_size_ - 1)) == 0) HashNewFullBlocks();
-}
-
 void Request::HashNewFullBlocks() {
   if (block_size_ == 0) return;
   const size_t full_blocks = all_token_ids_.size() / block_size_;

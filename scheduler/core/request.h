@@ -98,8 +98,13 @@ class alignas(64) Request {
     return absl::MakeConstSpan(all_token_ids_).subspan(num_prompt_tokens_);
   }
 
-  // Commits one sampled token and hashes any block it completes.
-  void AppendOutputToken(TokenId token);
+  // Commits one sampled token and hashes any block it completes. Inline:
+  // once per running request and step.
+  void AppendOutputToken(TokenId token) {
+    all_token_ids_.push_back(token);
+    // block_size_ is a power of two (EngineConfig::Validate).
+    if (block_size_ > 0 && (all_token_ids_.size() & (block_size_ - 1)) == 0) HashNewFullBlocks();
+  }
 
   // Hashes of every full block of all_token_ids() (empty if hashing is off).
   const std::vector<BlockHash>& block_hashes() const { return block_hashes_; }

@@ -173,32 +173,6 @@ void Scheduler::FinishRequest(Request* request, RequestStatus status) {
   finished_ids_.push_back(request->id());
 }
 
-bool Scheduler::CheckStop(Request* request) const {
-  const int32_t outputs = request->num_output_tokens();
-  const TokenId last = request->all_token_ids().back();
-  if (outputs >= request->min_tokens()) {
-    if (last == request->stopping_eos_token_id()) {
-      request->status = RequestStatus::kFinishedStopped;
-      return true;
-    }
-    if (request->has_stop_token_ids()) {
-      const std::vector<TokenId>& stop_ids = request->sampling().stop_token_ids;
-      if (std::find(stop_ids.begin(), stop_ids.end(), last) != stop_ids.end()) {
-        request->status = RequestStatus::kFinishedStopped;
-        request->stop_reason = last;
-        return true;
-      }
-    }
-  }
-  // Length limits hold whatever min_tokens says: nothing is ever scheduled
-  // past max_model_len, and min_tokens <= max_tokens by validation.
-  if (request->num_tokens() >= config_.max_model_len || outputs >= request->max_tokens()) {
-    request->status = RequestStatus::kFinishedLengthCapped;
-    return true;
-  }
-  return false;
-}
-
 GrammarOutput Scheduler::GetGrammarBitmask(const SchedulerOutput& step) const {
   GrammarOutput out;
   if (!step.has_structured_output_requests) return out;

@@ -193,7 +193,10 @@ RequestSink* ServingEngine::FindSink(size_t position, RequestId id) {
 }
 
 void ServingEngine::Dispatch(const std::vector<RequestOutput>& outputs) {
-  for (size_t i = 0; i < outputs.size(); ++i) {
+  // Hoisted: the sinks' calls could change `outputs` for all the compiler
+  // knows, and its size is a division.
+  const size_t n = outputs.size();
+  for (size_t i = 0; i < n; ++i) {
     const RequestOutput& out = outputs[i];
     RequestSink* const sink = i < sink_order_.size() && sink_order_[i].first == out.id ? sink_order_[i].second
                                                                                         : FindSink(i, out.id);
