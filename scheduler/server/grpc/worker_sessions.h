@@ -73,7 +73,8 @@ class WorkerSessions final : public LinkPoller {
   // one look at the queue without waiting: gRPC 1.51 answers data that
   // arrives for a stream with a read pending by a WINDOW_UPDATE of its own
   // (a write and a wake-up of the worker a step); data that arrived before
-  // the read is announced with the next write, the next step.
+  // the read is announced with the next write, the next step. Over TCP only
+  // (see WorkerSession).
   void DeferRead(WorkerSession* session) ABSL_LOCKS_EXCLUDED(mu_);
   void Dispatch(void* tag, bool ok);
   // Requests the next worker's session.
