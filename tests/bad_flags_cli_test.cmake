@@ -39,6 +39,8 @@ expect_refusal(1 "the workers' socket path is 132 bytes; a Unix socket's is at m
                ${SCHEDULER} --worker-socket /tmp/${long_dir}/w.sock --http-port -1)
 expect_refusal(1 "${CMAKE_CURRENT_LIST_FILE} exists and is not a socket: not replacing it"
                ${SCHEDULER} --worker-socket ${CMAKE_CURRENT_LIST_FILE} --http-port -1)
+expect_refusal(1 "no directory /nonexistent-dir/ for the workers' socket /nonexistent-dir/w.sock"
+               ${SCHEDULER} --worker-socket /nonexistent-dir/w.sock --http-port -1)
 expect_refusal(2 "flag --scheduler: unix: needs the path of the scheduler's --worker-socket" ${WORKER} --scheduler unix:)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${TANDEM} serve --backend tpu --port 0 --grpc-port 0)
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${WORKER} --backend tpu)

@@ -2,6 +2,9 @@
 
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
+
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,6 +38,21 @@ void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options) {
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, options.keepalive_time_ms / 2);
 }
 
+namespace {
+
+// Whether a socket is at `path`; nullopt when nothing is.
+std::optional<bool> SocketAt(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return std::nullopt;
+  return S_ISSOCK(st.st_mode);
+}
+
+}  // namespace
+
+void RemoveUnixSocket(const std::string& path) {
+  if (!path.empty() && SocketAt(path).value_or(false)) unlink(path.c_str());
+}
+
 absl::Status CheckUnixSocketPath(const std::string& path) {
   if (path.empty()) return absl::OkStatus();
   // sockaddr_un's sun_path, with its terminating NUL.
@@ -43,8 +61,12 @@ absl::Status CheckUnixSocketPath(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("the workers' socket path is ", path.size(),
                                                    " bytes; a Unix socket's is at most ", kMaxPath, ": ", path));
   }
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode)) {
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("no directory ", dir, " for the workers' socket ", path));
+  }
+  if (!SocketAt(path).value_or(true)) {
     return absl::InvalidArgumentError(absl::StrCat(path, " exists and is not a socket: not replacing it"));
   }
   return absl::OkStatus();

@@ -31,10 +31,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 void ConfigureServer(grpc::ServerBuilder* builder, const RpcOptions& options = {});
 
 // Why `path` cannot be a Unix socket gRPC listens on (longer than a
-// socket's path may be, or something other than a socket is there, which a
-// bind would not replace); OK for "". Messages name "the workers' socket"
+// socket's path may be, its directory missing, or something other than a
+// socket there, which a bind would not replace); OK for "". Messages name "the workers' socket"
 // (tandem-scheduler --worker-socket, its one use).
 absl::Status CheckUnixSocketPath(const std::string& path);
+// Removes the socket at `path` if one is there (gRPC replaces an old socket
+// when it binds, but leaves it when it stops); anything else stays.
+void RemoveUnixSocket(const std::string& path);
 
 absl::Status ToAbsl(const grpc::Status& status);
 grpc::Status ToGrpc(const absl::Status& status);

@@ -1,8 +1,5 @@
 #include "scheduler/server/grpc/grpc_scheduler_server.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <chrono>
 
 #include <grpcpp/grpcpp.h>
@@ -16,17 +13,6 @@
 #include "scheduler/server/grpc/worker_sessions.h"
 
 namespace tandem::scheduler {
-
-namespace {
-
-// The socket at `path` if one is there (gRPC replaces an old socket when it
-// binds, but not when it stops).
-void RemoveSocket(const std::string& path) {
-  struct stat st;
-  if (!path.empty() && lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const std::string& host, int port,
                                                                         WorkerGroup* group, ServingEngine* engine,
@@ -131,7 +117,7 @@ void SchedulerServer::Shutdown() {
   server->Shutdown(deadline);
   if (worker_server != nullptr) worker_server->Shutdown(deadline);
   workers_->Shutdown();
-  RemoveSocket(worker_socket_);
+  rpc::RemoveUnixSocket(worker_socket_);
 }
 
 }  // namespace tandem::scheduler
