@@ -65,6 +65,7 @@ absl::Status FakeStageRunner::AddSlot(int64_t id, const int32_t* tokens, int32_t
   Slot& slot = slab_[it->second];
   slot = Slot();
   slot.generation = next_generation_++;
+  slot.id = id;
   slot.tokens.assign(tokens, tokens + size);
   slot.num_prompt = num_prompt;
   slot.total_len = size;
@@ -73,6 +74,25 @@ absl::Status FakeStageRunner::AddSlot(int64_t id, const int32_t* tokens, int32_t
   slot.digest = kContextSeed;
   for (int32_t p = 0; p < computed; ++p) slot.digest = Extend(slot.digest, slot.tokens[p], p);
   return absl::OkStatus();
+}
+
+uint32_t FakeStageRunner::FindCached(int64_t id, uint32_t i, size_t* cursor) {
+  uint32_t index = kNoSlot;
+  if (*cursor < last_cached_slots_.size()) {
+    const uint32_t guess = last_cached_slots_[*cursor];
+    if (guess < slab_.size() && slab_[guess].generation != 0 && slab_[guess].id == id) index = guess;
+  }
+  if (index == kNoSlot) {
+    auto it = index_.find(id);
+    if (it == index_.end()) return kNoSlot;
+    index = it->second;
+  }
+  // The next entry is guessed to be the one that followed this one last
+  // time (after a miss too: rows that left or joined shift the rest).
+  Slot& slot = slab_[index];
+  *cursor = slot.entry + 1;
+  slot.entry = i;
+  return index;
 }
 
 absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
@@ -88,7 +108,9 @@ absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
     return Mismatch("cached request lists differ in length");
   }
   int resumed = 0;
+  cached_slots_.swap(last_cached_slots_);
   cached_slots_.assign(c.request_ids_size(), kNoSlot);
+  size_t cursor = 0;
   for (int i = 0; i < c.request_ids_size(); ++i) {
     const int64_t id = c.request_ids(i);
     if (c.resumed(i)) {
@@ -102,10 +124,10 @@ absl::Status FakeStageRunner::ApplyDiff(const v1::SchedulerOutput& step) {
       ++resumed;
       continue;
     }
-    auto it = index_.find(id);
-    if (it == index_.end()) return Mismatch(absl::StrCat("request ", id, " is not live on this worker"));
-    cached_slots_[i] = it->second;
-    const Slot* slot = &slab_[it->second];
+    const uint32_t index = FindCached(id, static_cast<uint32_t>(i), &cursor);
+    if (index == kNoSlot) return Mismatch(absl::StrCat("request ", id, " is not live on this worker"));
+    cached_slots_[i] = index;
+    const Slot* slot = &slab_[index];
     if (slot->num_computed != c.num_computed_tokens(i)) {
       return Mismatch(absl::StrCat("request ", id, ": the worker computed ", slot->num_computed,
                                    " tokens, the scheduler says ", c.num_computed_tokens(i)));
@@ -135,17 +157,14 @@ absl::Status FakeStageRunner::ReceiveOldestTokens() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> FakeStageRunner::Forward(int64_t id, Slot& slot, int32_t count) {
+absl::Status FakeStageRunner::ReceiveTokens(Slot& slot, int32_t count) {
   const uint64_t generation = slot.generation;
   while (static_cast<int32_t>(slot.tokens.size()) < slot.num_computed + count) {
     TANDEM_RETURN_IF_ERROR(ReceiveOldestTokens());
     // Receiving never frees a slot, so `slot` stays valid.
     if (slot.generation != generation) return Mismatch("a slot changed while its tokens arrived");
   }
-  for (int32_t p = slot.num_computed; p < slot.num_computed + count; ++p) {
-    slot.digest = Extend(slot.digest, slot.tokens[p], p);
-  }
-  return slot.digest;
+  return absl::OkStatus();
 }
 
 absl::Status FakeStageRunner::Execute(const v1::SchedulerOutput& step) {
@@ -181,7 +200,13 @@ absl::Status FakeStageRunner::Execute(const v1::SchedulerOutput& step) {
     }
     const bool samples = StepSamples(slot.num_computed, count, slot.total_len);
     if (first_stage()) {
-      TANDEM_ASSIGN_OR_RETURN(hidden_[i], Forward(id, slot, count));
+      if (static_cast<int32_t>(slot.tokens.size()) < slot.num_computed + count) {
+        TANDEM_RETURN_IF_ERROR(ReceiveTokens(slot, count));
+      }
+      for (int32_t p = slot.num_computed; p < slot.num_computed + count; ++p) {
+        slot.digest = Extend(slot.digest, slot.tokens[p], p);
+      }
+      hidden_[i] = slot.digest;
     }
     slot.num_computed += count;
     if (samples) ++slot.total_len;
@@ -204,22 +229,32 @@ absl::StatusOr<v1::ModelRunnerOutput> FakeStageRunner::Sample(const v1::SampleCo
   }
   Step step = std::move(executed_.front());
   executed_.pop_front();
+  const int rows = static_cast<int>(step.rows.size());
   const v1::GrammarBitmask& grammar = command.grammar();
+  const bool grammar_rows = grammar.request_ids_size() > 0 && grammar.words_per_row() > 0;
   v1::ModelRunnerOutput out;
   out.set_step_seq(step.seq);
-  out.mutable_request_ids()->Reserve(step.rows.size());
-  out.mutable_num_sampled()->Reserve(step.rows.size());
-  token_message_.assign({static_cast<int32_t>(step.seq), static_cast<int32_t>(step.seq >> 32)});
+  // Filled through their arrays: a row costs a store, not an Add's checks.
+  out.mutable_request_ids()->Resize(rows, 0);
+  out.mutable_num_sampled()->Resize(rows, 0);
+  out.mutable_sampled_token_ids()->Reserve(rows);
+  int64_t* ids = out.mutable_request_ids()->mutable_data();
+  int32_t* counts = out.mutable_num_sampled()->mutable_data();
+  token_message_.resize(2 + rows);
+  token_message_[0] = static_cast<int32_t>(step.seq);
+  token_message_[1] = static_cast<int32_t>(step.seq >> 32);
+  int sampled = 0;
   bool any_logprobs = false;
-  std::vector<int32_t> logprob_rows(step.rows.size(), -1);
-  for (size_t i = 0; i < step.rows.size(); ++i) {
+  logprob_rows_.assign(rows, -1);
+  for (int i = 0; i < rows; ++i) {
     const Row& row = step.rows[i];
-    out.add_request_ids(row.id);
-    out.add_num_sampled(row.samples ? 1 : 0);
+    ids[i] = row.id;
     if (!row.samples) continue;
+    counts[i] = 1;
     int32_t token = static_cast<int32_t>(SplitMix64(row.digest) % static_cast<uint64_t>(options_.vocab_size));
-    if (auto g = std::find(grammar.request_ids().begin(), grammar.request_ids().end(), row.id);
-        g != grammar.request_ids().end() && grammar.words_per_row() > 0) {
+    if (auto g = grammar_rows ? std::find(grammar.request_ids().begin(), grammar.request_ids().end(), row.id)
+                              : grammar.request_ids().end();
+        g != grammar.request_ids().end()) {
       // The first allowed id at or after the rule's choice.
       const uint32_t* mask = grammar.bitmask().data() + (g - grammar.request_ids().begin()) * grammar.words_per_row();
       const int32_t limit = std::min(options_.vocab_size, grammar.words_per_row() * 32);
@@ -231,32 +266,33 @@ absl::StatusOr<v1::ModelRunnerOutput> FakeStageRunner::Sample(const v1::SampleCo
         }
       }
     }
-    out.add_sampled_token_ids(token);
-    token_message_.push_back(token);
+    out.mutable_sampled_token_ids()->AddAlreadyReserved(token);
+    token_message_[2 + sampled++] = token;
     if (first_stage()) AppendToken(row, token);
     const Slot* slot = Live(row);
     if (slot == nullptr) slot = Find(row.id);  // resumed since: the same request's setting
     if (slot != nullptr && slot->logprobs >= 0) {
-      logprob_rows[i] = slot->logprobs;
+      logprob_rows_[i] = slot->logprobs;
       any_logprobs = true;
     }
   }
   if (any_logprobs) {
     int next_token = 0;
-    for (size_t i = 0; i < step.rows.size(); ++i) {
+    for (int i = 0; i < rows; ++i) {
       v1::TokenLogprobs* lp = out.add_logprobs();
       if (!step.rows[i].samples) continue;
       const int32_t token = out.sampled_token_ids(next_token++);
-      if (logprob_rows[i] < 0) continue;
+      if (logprob_rows_[i] < 0) continue;
       const float logprob = -static_cast<float>(SplitMix64(step.rows[i].digest) % 1000) / 100.0f;
       lp->add_sampled_logprobs(logprob);
-      for (int32_t k = 0; k < logprob_rows[i]; ++k) {
+      for (int32_t k = 0; k < logprob_rows_[i]; ++k) {
         lp->add_top_token_ids(k == 0 ? token : (token + k) % options_.vocab_size);
         lp->add_top_logprobs(logprob - static_cast<float>(k));
       }
     }
   }
   if (!first_stage()) {
+    token_message_.resize(2 + sampled);
     TANDEM_RETURN_IF_ERROR(
         options_.communicator->Send(0, token_message_.data(), token_message_.size() * sizeof(int32_t)));
   }

@@ -21,10 +21,13 @@
 // The digest is kept per request and extended by the tokens each step
 // computes, so a step costs O(rows), not O(context): what remains is the
 // control plane's own cost. Block ids are accepted and not used. A request's
-// state lives in a slot of a slab, found by id once per row when a step
-// executes (when its diff is checked); the step's rows then name their slot
-// and its generation, so sampling reaches it without another lookup (and a slot ended or reused
-// since shows as a newer generation).
+// state lives in a slot of a slab, found once per row when a step executes
+// (when its diff is checked): a step's cached entries are mostly the last
+// step's in the same order, so the slot is first guessed from there and
+// checked by its id, and looked up by id only when the guess misses. The
+// step's rows then name their slot and its generation, so sampling reaches
+// it without another lookup (and a slot ended or reused since shows as a
+// newer generation).
 //
 // Thread-compatible: the worker's compute thread.
 #ifndef TANDEM_WORKER_SERVER_FAKE_STAGE_RUNNER_H_
@@ -68,6 +71,8 @@ class FakeStageRunner {
  private:
   struct Slot {
     uint64_t generation = 0;      // 0: free
+    int64_t id = 0;
+    uint32_t entry = 0;           // its index in the last cached list naming it
     std::vector<int32_t> tokens;  // stage 0: prompt + sampled tokens received
     int32_t num_prompt = 0;
     int32_t total_len = 0;        // tokens known or being sampled
@@ -97,9 +102,12 @@ class FakeStageRunner {
   Slot* Find(int64_t id);
   // The row's slot if it still holds the row's request, or null.
   Slot* Live(const Row& row);
-  // Stage 0: runs the row's tokens through its digest, receiving the
-  // sampled ids it lacks from the last stage.
-  absl::StatusOr<uint64_t> Forward(int64_t id, Slot& slot, int32_t count);
+  // The slot of cached entry `i` (request `id`), guessed from the last
+  // step's entries from `*cursor` on; kNoSlot when `id` is not live.
+  uint32_t FindCached(int64_t id, uint32_t i, size_t* cursor);
+  // Stage 0: receives from the last stage the sampled ids the slot lacks
+  // for its next `count` tokens.
+  absl::Status ReceiveTokens(Slot& slot, int32_t count);
   absl::Status ReceiveOldestTokens();
   void AppendToken(const Row& row, int32_t token);
 
@@ -110,10 +118,12 @@ class FakeStageRunner {
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<int64_t, uint32_t> index_;  // live request -> its slot
   std::vector<uint32_t> cached_slots_;  // the step's cached rows' slots (kNoSlot: resumed)
+  std::vector<uint32_t> last_cached_slots_;  // the step before's
   std::deque<Step> executed_;  // last stage: executed, not yet sampled
   std::deque<Step> incoming_;  // stage 0 of a pipeline: sampled ids not yet received
   std::vector<uint64_t> hidden_;
   std::vector<int32_t> token_message_;
+  std::vector<int32_t> logprob_rows_;  // Sample's: each row's top-n, -1 for none
 };
 
 }  // namespace tandem::worker

@@ -5,6 +5,9 @@
 // request; a step that disagrees with the runner's state is refused.
 #include "worker/server/fake_stage_runner.h"
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -60,7 +63,9 @@ std::vector<int32_t> RunOneStage(int decodes) {
     auto out = runner.Sample(SampleOf(1 + k));
     EXPECT_TRUE(out.ok()) << out.status();
     sampled.push_back(out->sampled_token_ids(0));
-    if (k < decodes) EXPECT_TRUE(runner.Execute(Decode(2 + k, 7, 3 + k)).ok());
+    if (k < decodes) {
+      EXPECT_TRUE(runner.Execute(Decode(2 + k, 7, 3 + k)).ok());
+    }
   }
   return sampled;
 }
@@ -156,6 +161,79 @@ TEST(FakeStageRunnerTest, RowsInAnotherOrderFindTheirOwnState) {
   EXPECT_THAT(out->request_ids(), ElementsAre(9, 8));
   EXPECT_EQ(runner.Tokens(8).size(), 6u);
   EXPECT_EQ(runner.Tokens(9).size(), 4u);
+}
+
+// Runs one stage through `schedule` (the ids scheduled at each step, in
+// order): a request's first step is its prefill (prompt {id, id + 1, id + 2}),
+// later ones decode, and a request is finished at the first step after its
+// last. Returns each request's sampled tokens.
+std::map<int64_t, std::vector<int32_t>> RunSchedule(const std::vector<std::vector<int64_t>>& schedule) {
+  std::map<int64_t, int> last_step;
+  for (size_t k = 0; k < schedule.size(); ++k) {
+    for (int64_t id : schedule[k]) last_step[id] = static_cast<int>(k);
+  }
+  FakeStageRunner runner({});
+  std::map<int64_t, int32_t> computed;
+  std::map<int64_t, std::vector<int32_t>> sampled;
+  for (size_t k = 0; k < schedule.size(); ++k) {
+    v1::SchedulerOutput step;
+    step.set_step_seq(k + 1);
+    for (const auto& [id, last] : last_step) {
+      if (last + 1 == static_cast<int>(k)) step.add_finished_request_ids(id);
+    }
+    v1::CachedRequests* cached = step.mutable_cached_requests();
+    for (int64_t id : schedule[k]) {
+      const auto it = computed.find(id);
+      if (it == computed.end()) {
+        const std::vector<int32_t> prompt = {static_cast<int32_t>(id), static_cast<int32_t>(id + 1),
+                                             static_cast<int32_t>(id + 2)};
+        *step.add_new_requests() = Prefill(k + 1, id, prompt).new_requests(0);
+        step.add_num_scheduled_tokens(3);
+        computed[id] = 3;
+      } else {
+        cached->add_request_ids(id);
+        cached->add_resumed(false);
+        cached->add_num_computed_tokens(it->second);
+        cached->add_num_new_block_ids(0);
+        step.add_num_scheduled_tokens(1);
+        ++it->second;
+      }
+      step.add_scheduled_request_ids(id);
+    }
+    const absl::Status executed = runner.Execute(step);
+    EXPECT_TRUE(executed.ok()) << "step " << k + 1 << ": " << executed;
+    auto out = runner.Sample(SampleOf(k + 1));
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) break;
+    for (int i = 0; i < out->request_ids_size(); ++i) {
+      sampled[out->request_ids(i)].push_back(out->sampled_token_ids(i));
+    }
+  }
+  return sampled;
+}
+
+// A step's slots are guessed from the last step's order and checked by id:
+// with the rows shuffled every step, one request leaving (its slot taken by
+// a newcomer) and one joining, every request samples exactly what it samples
+// alone.
+TEST(FakeStageRunnerTest, ShuffledRowsSampleWhatEachRequestSamplesAlone) {
+  std::mt19937 rng(13);
+  std::vector<int64_t> ids = {10, 20, 30, 40, 50, 60};
+  std::vector<std::vector<int64_t>> schedule;
+  for (int k = 0; k < 12; ++k) {
+    if (k == 5) ids.erase(std::find(ids.begin(), ids.end(), 30));
+    if (k == 6) ids.push_back(70);
+    if (k % 3 != 2) std::shuffle(ids.begin(), ids.end(), rng);  // else the same order as the step before
+    schedule.push_back(ids);
+  }
+  const std::map<int64_t, std::vector<int32_t>> together = RunSchedule(schedule);
+  ASSERT_EQ(together.size(), 7u);
+  for (const auto& [id, tokens] : together) {
+    const std::vector<std::vector<int64_t>> alone(tokens.size(), std::vector<int64_t>{id});
+    EXPECT_EQ(RunSchedule(alone).at(id), tokens) << "request " << id;
+  }
+  EXPECT_EQ(together.at(30).size(), 5u);
+  EXPECT_EQ(together.at(70).size(), 6u);
 }
 
 TEST(FakeStageRunnerTest, RefusesStepsThatDisagree) {
