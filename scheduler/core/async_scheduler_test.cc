@@ -239,6 +239,38 @@ TEST(AsyncSchedulerTest, PipelineCadenceDelaysTheNextDecode) {
   EXPECT_EQ(scheduler->FindRequest(0)->num_output_placeholders, 2);
 }
 
+// Ours, not vLLM's (scheduler/README.md §7): eight requests admitted in one
+// step all become eligible in the same phase; a step takes at most half of
+// the running requests (cadence 2), so the next step gets the rest and both
+// stages stay busy, instead of a step of eight and an empty one forever.
+TEST(AsyncSchedulerTest, PipelinePhasesSplitABurstAdmittedTogether) {
+  EngineConfig config = VllmTestConfig();
+  config.pipeline_parallel_size = 2;
+  auto scheduler = MakeScheduler(config);
+  for (RequestId id = 0; id < 8; ++id) ASSERT_TRUE(scheduler->AddRequest(MakeRequest(id)).ok());
+  SchedulerOutput s1 = scheduler->Schedule();
+  ASSERT_EQ(s1.scheduled.size(), 8u);
+  EXPECT_TRUE(scheduler->Schedule().empty());  // every token still travels the ring
+  Update(*scheduler, s1);
+  std::deque<SchedulerOutput> queue;
+  std::map<RequestId, int> decodes;
+  for (int k = 0; k < 6; ++k) {
+    SchedulerOutput step = scheduler->Schedule();
+    EXPECT_EQ(step.scheduled.size(), 4u) << "step " << k;
+    for (const auto& row : step.scheduled) {
+      EXPECT_EQ(row.num_tokens, 1);
+      ++decodes[row.id];
+    }
+    queue.push_back(std::move(step));
+    if (queue.size() == 2) {  // the oldest comes back once two are in flight
+      Update(*scheduler, queue.front());
+      queue.pop_front();
+    }
+  }
+  ASSERT_EQ(decodes.size(), 8u);
+  for (const auto& [id, n] : decodes) EXPECT_EQ(n, 3) << "request " << id;
+}
+
 // The handoff case of test_kv_pressure_preempt_mid_handoff, in deliver mode
 // (no KV connector). Ours differs in one deliberate way: the victim's blocks
 // are fenced (a step in flight still writes them), so the decoder is not

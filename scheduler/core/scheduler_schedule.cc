@@ -90,6 +90,14 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
   // without blocks preempts). Under the priority policy this is conservative:
   // a more important later request waits one step for a block.
   bool blocks_denied = false;
+  // Pipeline phases (scheduler/README.md §7): with a cadence of P a request
+  // decodes in one step of every P, the phase it last decoded in. Requests
+  // that became eligible together (a burst admitted in one step) would keep
+  // one phase for good, leaving P - 1 steps of every P empty and the stages
+  // idle. So a step takes at most ceil(running / P) decode rows; the others
+  // wait one step, which moves them into the next phase.
+  const size_t cadence = static_cast<size_t>(decode_cadence_);
+  size_t decode_rows_left = cadence > 1 ? (running_.size() + cadence - 1) / cadence : running_.size();
   size_t i = 0;
   while (i < running_.size() && *token_budget > 0) {
     // Requests are scattered on the heap: fetch a few ahead.
@@ -104,6 +112,11 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
       continue;
     }
     const int32_t gap = r->num_tokens() + r->num_output_placeholders - r->num_computed_tokens;
+    const bool decode = gap == 1 && r->num_output_tokens() + r->num_output_placeholders > 0;
+    if (decode && decode_rows_left == 0) {
+      ++i;
+      continue;
+    }
     const int32_t n = CapTokens(*r, gap, *token_budget);
     if (n <= 0) {  // continue, not break: it must not block the requests after it
       ++i;
@@ -121,6 +134,7 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
     }
     planned->push_back({r, n, Planned::Kind::kRunning, first_new_block});
     *token_budget -= n;
+    decode_rows_left -= decode;
     ++i;
   }
   // Only now is every running plan final (a later request may have taken an

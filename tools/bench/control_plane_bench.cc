@@ -147,9 +147,23 @@ class WireMeter : public scheduler::StepObserver {
 class CountingSink : public scheduler::RequestSink {
  public:
   void OnOutput(const scheduler::RequestOutput& output) override {
-    if (output.finished()) finished.fetch_add(1, std::memory_order_relaxed);
+    if (!output.finished()) return;
+    if (finished.fetch_add(1, std::memory_order_relaxed) == 0) {
+      absl::MutexLock lock(&mu_);
+      first_ = absl::StrCat(scheduler::FinishReasonName(output.finish_reason), " after ", output.num_output_tokens,
+                            " tokens", output.error.ok() ? "" : ": ", output.error.message());
+    }
+  }
+  // How the first request to finish did, for a message.
+  std::string first() const {
+    absl::MutexLock lock(&mu_);
+    return first_;
   }
   std::atomic<int64_t> finished{0};
+
+ private:
+  mutable absl::Mutex mu_;
+  std::string first_ ABSL_GUARDED_BY(mu_);
 };
 
 // CPU seconds (user + system) of a process: this one, or a child by pid.
@@ -322,7 +336,8 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   for (pid_t pid : workers) cpu0.push_back(CpuSeconds(pid));
   std::vector<int64_t> switches0 = {ContextSwitches(0)};
   for (pid_t pid : workers) switches0.push_back(ContextSwitches(pid));
-  WaitFor([&] { return meter.steps() >= steps0 + o.steps; }, 600);
+  // Requests that end stop the steps: the run is lost then (below), not waited out.
+  WaitFor([&] { return sink->finished > 0 || meter.steps() >= steps0 + o.steps; }, 600);
   const int64_t steps = meter.steps() - steps0;
   const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
   Figures f;
@@ -348,7 +363,10 @@ absl::StatusOr<Figures> RunOne(const BenchOptions& o, const gguf::LlamaConfig& m
   f.up_bytes = meter.up_per_row();
   const bool lost = sink->finished > 0;
   stop();
-  if (lost) return absl::InternalError("requests finished during the measurement: raise their length");
+  if (lost) {
+    return absl::InternalError(absl::StrCat(sink->finished.load(), " requests finished during the measurement (the first: ",
+                                            sink->first(), " of ", output_tokens, ")"));
+  }
   return f;
 }
 
