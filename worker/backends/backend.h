@@ -274,6 +274,13 @@ class Backend {
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;
   virtual absl::Status WriteKv(const WriteKvParams& p) = 0;
+  // Rope(rope), then WriteKv(kv) of the rotated keys, which a device backend
+  // runs as one kernel (a launch fewer per layer). REQUIRES: kv.k == rope.k
+  // and the same tokens. The default makes the two calls.
+  virtual absl::Status RopeWriteKv(const RopeParams& rope, const WriteKvParams& kv) {
+    if (absl::Status s = Rope(rope); !s.ok()) return s;
+    return WriteKv(kv);
+  }
   virtual absl::Status PagedAttention(const AttentionParams& p) = 0;
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;

@@ -126,10 +126,10 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   TANDEM_RETURN_IF_ERROR(backend_->MatmulGroup(
       {h, n, 3, {&layer.wq, &layer.wk, &layer.wv}, {q_->as<float>(), k_->as<float>(), v_->as<float>()}}));
   const float freq_scale = c.rope_scaling == gguf::RopeScaling::kLinear ? 1.0f / c.rope_scaling_factor : 1.0f;
-  TANDEM_RETURN_IF_ERROR(backend_->Rope({q_->as<float>(), k_->as<float>(), in.positions, n, c.num_heads,
-                                         c.num_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base, freq_scale}));
   const KvCacheLayer cache{layer.k_cache->as<float>(), layer.v_cache->as<float>()};
-  TANDEM_RETURN_IF_ERROR(backend_->WriteKv(
+  TANDEM_RETURN_IF_ERROR(backend_->RopeWriteKv(
+      {q_->as<float>(), k_->as<float>(), in.positions, n, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_dim,
+       c.rope_freq_base, freq_scale},
       {cache, k_->as<float>(), v_->as<float>(), in.kv_slots, n, c.num_kv_heads * c.head_dim}));
   AttentionParams attention;
   attention.cache = cache;

@@ -38,6 +38,9 @@ class ForwardingBackend : public Backend {
   absl::Status RmsNorm(const RmsNormParams& p) override { return inner_->RmsNorm(p); }
   absl::Status Rope(const RopeParams& p) override { return inner_->Rope(p); }
   absl::Status WriteKv(const WriteKvParams& p) override { return inner_->WriteKv(p); }
+  absl::Status RopeWriteKv(const RopeParams& rope, const WriteKvParams& kv) override {
+    return inner_->RopeWriteKv(rope, kv);
+  }
   absl::Status PagedAttention(const AttentionParams& p) override { return inner_->PagedAttention(p); }
   absl::Status SiluMul(const SiluMulParams& p) override { return inner_->SiluMul(p); }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {

@@ -528,6 +528,11 @@ absl::Status CudaBackend::WriteKv(const WriteKvParams& p) {
   return LaunchWriteKv(p, compute_);
 }
 
+absl::Status CudaBackend::RopeWriteKv(const RopeParams& rope, const WriteKvParams& kv) {
+  TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  return LaunchRopeWriteKv(rope, kv, compute_);
+}
+
 absl::Status CudaBackend::PagedAttention(const AttentionParams& p) {
   TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
   const size_t bytes = PagedAttentionWorkspaceBytes(p);

@@ -82,6 +82,7 @@ class CudaBackend : public Backend {
   absl::Status RmsNorm(const RmsNormParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status WriteKv(const WriteKvParams& p) override;
+  absl::Status RopeWriteKv(const RopeParams& rope, const WriteKvParams& kv) override;
   absl::Status PagedAttention(const AttentionParams& p) override;
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;

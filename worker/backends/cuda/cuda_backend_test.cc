@@ -165,6 +165,27 @@ TEST(CudaLaunchersTest, RefuseBadSizesAndSkipEmptyWork) {
   EXPECT_EQ(LaunchDequantize(portable::kGgmlQ8_0, &f, 33, &f, true, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LaunchWriteKv({{&f, &f}, &f, &f, nullptr, 1, 0}, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  // The fused rotation and write: each half's checks, and the cache must take
+  // the rotation's keys.
+  float other = 0;
+  int64_t slot = 0;
+  RopeParams fused_rope{&f, &f, &i, 1, 1, 1, 8, 8, 10000.0f, 1.0f};
+  WriteKvParams fused_kv{{&f, &f}, &f, &f, &slot, 1, 8};
+  fused_rope.rope_dim = 3;
+  EXPECT_EQ(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  fused_rope.rope_dim = 8;
+  fused_kv.kv_width = 0;
+  EXPECT_EQ(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  fused_kv.kv_width = 16;  // not 1 kv head x 8
+  EXPECT_EQ(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  fused_kv.kv_width = 8;
+  fused_kv.k = &other;  // not the keys the rotation rotates
+  EXPECT_EQ(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  fused_kv.k = &f;
+  fused_kv.num_tokens = 2;
+  EXPECT_EQ(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  fused_rope.num_tokens = fused_kv.num_tokens = 0;
+  EXPECT_TRUE(LaunchRopeWriteKv(fused_rope, fused_kv, nullptr).ok());
   EXPECT_EQ(LaunchCopyTokens({&i, nullptr, &i, nullptr, -1}, nullptr).code(), absl::StatusCode::kInvalidArgument);
   Weight table;
   table.format = 99;
@@ -469,6 +490,42 @@ TEST_F(CudaBackendTest, WriteKvScattersRows) {
   ASSERT_TRUE(gpu_->WriteKv({{ck.g(), cv.g()}, k.g(), v.g(), s.g(), n, width}).ok());
   EXPECT_EQ(GpuResult(ck, slots_total * width), CpuResult(ck, slots_total * width));
   EXPECT_EQ(GpuResult(cv, slots_total * width), CpuResult(cv, slots_total * width));
+}
+
+// The fused kernel against the CPU backend's two calls: q and k rotated as
+// Rope rotates them (the bound of RopeMatchesCpu), and the cache holding the
+// rotated keys and the values at the slots (bit for bit: the keys copied are
+// the device's own rotated ones, compared with the device's k).
+TEST_F(CudaBackendTest, RopeWriteKvMatchesRopeThenWriteKv) {
+  const int32_t n = 10, heads = 9, kv_heads = 3, head_dim = 64, slots_total = 64;
+  const int32_t width = kv_heads * head_dim;
+  std::vector<int32_t> positions = {0, 1, 2, 3, 4, 130, 131, 5000, 17, 9};
+  std::vector<int64_t> slots = {5, 63, 0, -1, 18, 40, 41, 2, 9, 33};
+  Both<int32_t> pos = Mirror(positions);
+  Both<int64_t> s = Mirror(slots);
+  Both<float> q = Mirror(RandomFloats(size_t{n} * heads * head_dim, 21));
+  Both<float> k = Mirror(RandomFloats(size_t{n} * width, 22));
+  Both<float> v = Mirror(RandomFloats(size_t{n} * width, 23));
+  Both<float> ck = Mirror(RandomFloats(size_t{slots_total} * width, 24));
+  Both<float> cv = Mirror(RandomFloats(size_t{slots_total} * width, 25));
+  const RopeParams cpu_rope{q.c(), k.c(), pos.c(), n, heads, kv_heads, head_dim, 48, 10000.0f, 1.0f};
+  ASSERT_TRUE(cpu_.RopeWriteKv(cpu_rope, {{ck.c(), cv.c()}, k.c(), v.c(), s.c(), n, width}).ok());
+  const RopeParams gpu_rope{q.g(), k.g(), pos.g(), n, heads, kv_heads, head_dim, 48, 10000.0f, 1.0f};
+  ASSERT_TRUE(gpu_->RopeWriteKv(gpu_rope, {{ck.g(), cv.g()}, k.g(), v.g(), s.g(), n, width}).ok());
+  const size_t q_size = size_t{n} * heads * head_dim, k_size = size_t{n} * width;
+  EXPECT_LE(WorstRatio(GpuResult(q, q_size), CpuResult(q, q_size), 2e-6, 1e-6), 1.0);
+  const std::vector<float> gpu_k = GpuResult(k, k_size);
+  EXPECT_LE(WorstRatio(gpu_k, CpuResult(k, k_size), 2e-6, 1e-6), 1.0);
+  const std::vector<float> gpu_ck = GpuResult(ck, size_t{slots_total} * width);
+  const std::vector<float> cpu_ck = CpuResult(ck, size_t{slots_total} * width);
+  for (int32_t t = 0; t < n; ++t) {
+    if (slots[t] < 0) continue;
+    for (int32_t c = 0; c < width; ++c) {
+      ASSERT_EQ(gpu_ck[slots[t] * width + c], gpu_k[static_cast<size_t>(t) * width + c]) << "token " << t << " column " << c;
+    }
+  }
+  EXPECT_LE(WorstRatio(gpu_ck, cpu_ck, 2e-6, 1e-6), 1.0);
+  EXPECT_EQ(GpuResult(cv, size_t{slots_total} * width), CpuResult(cv, size_t{slots_total} * width));
 }
 
 TEST_F(CudaBackendTest, SiluMulMatchesCpu) {

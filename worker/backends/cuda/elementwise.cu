@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/backends/cuda/cuda_status.h"
 #include "worker/backends/portable/quant.h"
 #include "worker/backends/portable/rope.h"
@@ -88,13 +89,14 @@ struct RopeInvFreqTable {
   float inv_freq[kMaxRopePairs];
 };
 
-// One CTA per token; its threads take the (head, pair) items of q's heads
-// and then k's.
-__global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t num_heads, int32_t num_kv_heads,
-                           int32_t head_dim, int32_t pairs, float freq_scale, RopeInvFreqTable table) {
-  const int64_t t = blockIdx.x;
-  const int32_t position = positions[t];
+// Rotates token t's heads of q and then k in place: the CTA's threads take
+// the (head, pair) items.
+__device__ void RotateToken(int64_t t, float* q, float* k, const int32_t* positions, int32_t num_heads,
+                            int32_t num_kv_heads, int32_t head_dim, int32_t pairs, float freq_scale,
+                            const RopeInvFreqTable& table) {
   const int32_t items = (num_heads + num_kv_heads) * pairs;
+  if (items == 0) return;  // nothing rotates: positions may be null
+  const int32_t position = positions[t];
   for (int32_t item = threadIdx.x; item < items; item += blockDim.x) {
     const int32_t h = item / pairs;
     const int32_t i = item % pairs;
@@ -106,15 +108,40 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t
   }
 }
 
-__global__ void WriteKvKernel(float* cache_k, float* cache_v, const float* k, const float* v, const int64_t* slots,
-                              int32_t kv_width) {
-  const int64_t t = blockIdx.x;
+// Copies token t's rows of k and v into the cache at its slot (none when
+// the slot is negative), the CTA's threads taking the columns.
+__device__ void WriteTokenKv(int64_t t, float* cache_k, float* cache_v, const float* k, const float* v,
+                             const int64_t* slots, int32_t kv_width) {
   const int64_t slot = slots[t];
   if (slot < 0) return;
   for (int32_t c = threadIdx.x; c < kv_width; c += blockDim.x) {
     cache_k[slot * kv_width + c] = k[t * kv_width + c];
     cache_v[slot * kv_width + c] = v[t * kv_width + c];
   }
+}
+
+// One CTA per token.
+__global__ void RopeKernel(float* q, float* k, const int32_t* positions, int32_t num_heads, int32_t num_kv_heads,
+                           int32_t head_dim, int32_t pairs, float freq_scale, RopeInvFreqTable table) {
+  RotateToken(blockIdx.x, q, k, positions, num_heads, num_kv_heads, head_dim, pairs, freq_scale, table);
+}
+
+__global__ void WriteKvKernel(float* cache_k, float* cache_v, const float* k, const float* v, const int64_t* slots,
+                              int32_t kv_width) {
+  WriteTokenKv(blockIdx.x, cache_k, cache_v, k, v, slots, kv_width);
+}
+
+// Both, one CTA per token: the token's k row is rotated by its CTA, so a
+// barrier is all that stands between rotating it and copying it (one launch
+// and one pass over k a layer, where the two kernels make two of each).
+__global__ void RopeWriteKvKernel(float* q, float* k, const float* v, const int32_t* positions,
+                                  const int64_t* slots, float* cache_k, float* cache_v, int32_t num_heads,
+                                  int32_t num_kv_heads, int32_t head_dim, int32_t pairs, float freq_scale,
+                                  RopeInvFreqTable table) {
+  const int64_t t = blockIdx.x;
+  RotateToken(t, q, k, positions, num_heads, num_kv_heads, head_dim, pairs, freq_scale, table);
+  __syncthreads();
+  WriteTokenKv(t, cache_k, cache_v, k, v, slots, num_kv_heads * head_dim);
 }
 
 __global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
@@ -181,40 +208,82 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, CUstream_st* stream) {
   return LaunchStatus("RmsNormKernel");
 }
 
-absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream) {
+namespace {
+
+// The rotation's checks (InvalidArgument naming `kernel`); sets `*work` when
+// it rotates anything, and fills the table.
+absl::Status CheckRope(const char* kernel, const RopeParams& p, RopeInvFreqTable* table, bool* work) {
   if (p.rope_dim % 2 != 0 || p.rope_dim < 0 || p.rope_dim > p.head_dim || p.rope_dim / 2 > kMaxRopePairs) {
-    return Invalid("rope", absl::StrCat("bad rotary dimension ", p.rope_dim, " of head_dim ", p.head_dim,
+    return Invalid(kernel, absl::StrCat("bad rotary dimension ", p.rope_dim, " of head_dim ", p.head_dim,
                                         " (at most ", 2 * kMaxRopePairs, ")"));
   }
   if (p.num_tokens < 0 || p.num_heads < 0 || p.num_kv_heads < 0) {
-    return Invalid("rope", absl::StrCat("num_tokens ", p.num_tokens, ", heads ", p.num_heads, "/", p.num_kv_heads));
+    return Invalid(kernel, absl::StrCat("num_tokens ", p.num_tokens, ", heads ", p.num_heads, "/", p.num_kv_heads));
   }
   if (int64_t{p.num_heads + p.num_kv_heads} * (p.rope_dim / 2) > std::numeric_limits<int32_t>::max()) {
-    return Invalid("rope", "too many heads");
+    return Invalid(kernel, "too many heads");
   }
-  if (p.num_tokens == 0 || p.rope_dim == 0 || p.num_heads + p.num_kv_heads == 0) return absl::OkStatus();
+  *work = p.num_tokens > 0 && p.rope_dim > 0 && p.num_heads + p.num_kv_heads > 0;
+  if (!*work) return absl::OkStatus();
   if (p.positions == nullptr || (p.num_heads > 0 && p.q == nullptr) || (p.num_kv_heads > 0 && p.k == nullptr)) {
-    return Invalid("rope", "null pointer");
+    return Invalid(kernel, "null pointer");
   }
-  RopeInvFreqTable table;
   const int32_t pairs = p.rope_dim / 2;
-  for (int32_t i = 0; i < pairs; ++i) table.inv_freq[i] = portable::RopeInvFreq(p.freq_base, i, p.rope_dim);
-  for (int32_t i = pairs; i < kMaxRopePairs; ++i) table.inv_freq[i] = 0.0f;
+  for (int32_t i = 0; i < pairs; ++i) table->inv_freq[i] = portable::RopeInvFreq(p.freq_base, i, p.rope_dim);
+  for (int32_t i = pairs; i < kMaxRopePairs; ++i) table->inv_freq[i] = 0.0f;
+  return absl::OkStatus();
+}
+
+// The cache write's checks; sets `*work` when it writes anything.
+absl::Status CheckWriteKv(const char* kernel, const WriteKvParams& p, bool* work) {
+  if (p.num_tokens < 0 || p.kv_width <= 0) {
+    return Invalid(kernel, absl::StrCat("num_tokens ", p.num_tokens, ", kv_width ", p.kv_width));
+  }
+  *work = p.num_tokens > 0;
+  if (!*work) return absl::OkStatus();
+  if (p.cache.k == nullptr || p.cache.v == nullptr || p.k == nullptr || p.v == nullptr || p.slots == nullptr) {
+    return Invalid(kernel, "null pointer");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream) {
+  RopeInvFreqTable table;
+  bool work = false;
+  TANDEM_RETURN_IF_ERROR(CheckRope("rope", p, &table, &work));
+  if (!work) return absl::OkStatus();
   RopeKernel<<<p.num_tokens, kThreads / 2, 0, stream>>>(p.q, p.k, p.positions, p.num_heads, p.num_kv_heads,
-                                                        p.head_dim, pairs, p.freq_scale, table);
+                                                        p.head_dim, p.rope_dim / 2, p.freq_scale, table);
   return LaunchStatus("RopeKernel");
 }
 
 absl::Status LaunchWriteKv(const WriteKvParams& p, CUstream_st* stream) {
-  if (p.num_tokens < 0 || p.kv_width <= 0) {
-    return Invalid("write_kv", absl::StrCat("num_tokens ", p.num_tokens, ", kv_width ", p.kv_width));
-  }
-  if (p.num_tokens == 0) return absl::OkStatus();
-  if (p.cache.k == nullptr || p.cache.v == nullptr || p.k == nullptr || p.v == nullptr || p.slots == nullptr) {
-    return Invalid("write_kv", "null pointer");
-  }
+  bool work = false;
+  TANDEM_RETURN_IF_ERROR(CheckWriteKv("write_kv", p, &work));
+  if (!work) return absl::OkStatus();
   WriteKvKernel<<<p.num_tokens, kThreads, 0, stream>>>(p.cache.k, p.cache.v, p.k, p.v, p.slots, p.kv_width);
   return LaunchStatus("WriteKvKernel");
+}
+
+absl::Status LaunchRopeWriteKv(const RopeParams& rope, const WriteKvParams& kv, CUstream_st* stream) {
+  RopeInvFreqTable table;
+  bool rotates = false, writes = false;
+  TANDEM_RETURN_IF_ERROR(CheckRope("rope_write_kv", rope, &table, &rotates));
+  TANDEM_RETURN_IF_ERROR(CheckWriteKv("rope_write_kv", kv, &writes));
+  if (kv.k != rope.k || kv.num_tokens != rope.num_tokens ||
+      int64_t{kv.kv_width} != int64_t{rope.num_kv_heads} * rope.head_dim) {
+    return Invalid("rope_write_kv", absl::StrCat("the cache takes other keys than the rotation's (", kv.num_tokens,
+                                                 " tokens of width ", kv.kv_width, " against ", rope.num_tokens,
+                                                 " of ", rope.num_kv_heads, " x ", rope.head_dim, ")"));
+  }
+  if (!writes) return absl::OkStatus();
+  if (rope.num_heads > 0 && rope.q == nullptr) return Invalid("rope_write_kv", "null pointer");
+  RopeWriteKvKernel<<<rope.num_tokens, kThreads, 0, stream>>>(
+      rope.q, rope.k, kv.v, rope.positions, kv.slots, kv.cache.k, kv.cache.v, rope.num_heads, rope.num_kv_heads,
+      rope.head_dim, rotates ? rope.rope_dim / 2 : 0, rope.freq_scale, table);
+  return LaunchStatus("RopeWriteKvKernel");
 }
 
 absl::Status LaunchSiluMul(const SiluMulParams& p, CUstream_st* stream) {

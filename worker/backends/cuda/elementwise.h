@@ -37,6 +37,11 @@ absl::Status LaunchRope(const RopeParams& p, CUstream_st* stream);
 // cache.k/v[slots[t], :] = k/v[t, :]; a negative slot is skipped.
 absl::Status LaunchWriteKv(const WriteKvParams& p, CUstream_st* stream);
 
+// LaunchRope(rope) then LaunchWriteKv(kv) in one kernel (Backend::RopeWriteKv).
+// InvalidArgument, besides either's, when kv does not write rope's keys
+// (kv.k != rope.k, other num_tokens, kv_width != num_kv_heads * head_dim).
+absl::Status LaunchRopeWriteKv(const RopeParams& rope, const WriteKvParams& kv, CUstream_st* stream);
+
 // out = gate / (1 + exp(-gate)) * up, elementwise (out may be gate or up).
 absl::Status LaunchSiluMul(const SiluMulParams& p, CUstream_st* stream);
 
