@@ -97,7 +97,8 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
   // idle. So a step takes at most ceil(running / P) decode rows; the others
   // wait one step, which moves them into the next phase.
   const size_t cadence = static_cast<size_t>(decode_cadence_);
-  size_t decode_rows_left = cadence > 1 ? (running_.size() + cadence - 1) / cadence : running_.size();
+  const bool phased = cadence > 1;
+  size_t decode_rows_left = (running_.size() + cadence - 1) / cadence;
   size_t i = 0;
   while (i < running_.size() && *token_budget > 0) {
     // Requests are scattered on the heap: fetch a few ahead.
@@ -112,7 +113,7 @@ void Scheduler::ScheduleRunning(int32_t* token_budget, std::vector<Planned>* pla
       continue;
     }
     const int32_t gap = r->num_tokens() + r->num_output_placeholders - r->num_computed_tokens;
-    const bool decode = gap == 1 && r->num_output_tokens() + r->num_output_placeholders > 0;
+    const bool decode = phased && gap == 1 && r->num_output_tokens() + r->num_output_placeholders > 0;
     if (decode && decode_rows_left == 0) {
       ++i;
       continue;
