@@ -1,14 +1,12 @@
-// CudaBackend against CpuBackend on the same inputs. Two kinds of tests:
+// CudaBackend against CpuBackend on the same inputs, kernel by kernel (whole
+// forward passes: cuda_forward_test.cc). Two kinds of tests:
 //  * everywhere (CI has no GPU): CudaDeviceUsable's message, the launchers'
 //    host-side checks, the GEMM's row-major/column-major shape against a
 //    column-major reference, the bf16 GEMM tolerance against a host model of
-//    bf16 rounding, and what bf16 costs a whole forward on the host
-//    (Bf16CpuModel: CpuBackend rounding as the device's bf16 path does);
+//    bf16 rounding;
 //  * on a device (label gpu; each skips with the reason where no device is
 //    usable): copies and the staging ring, weight decoding bit for bit, each
-//    kernel and Matmul against CpuBackend, whole LlamaModel forwards (a tiny
-//    model and SmolLM2's shapes; fp32 weights against CpuBackend, bf16
-//    weights against Bf16CpuModel).
+//    kernel and Matmul against CpuBackend.
 //
 // Tolerances. bf16 keeps 8 significant bits (7 stored), so rounding to
 // nearest changes x and W by at most u = 2^-8 relative each, and each
@@ -24,33 +22,30 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "common/gguf/ggml_types.h"
-#include "common/gguf/llama_config.h"
-#include "common/gguf/random_llama.h"
+#include "common/gguf/gguf_file.h"
 #include "gtest/gtest.h"
 #include "worker/backends/cpu/cpu_backend.h"
+#include "worker/backends/cuda/cuda_test_util.h"
 #include "worker/backends/cuda/elementwise.h"
 #include "worker/backends/cuda/gemm_shape.h"
 #include "worker/backends/portable/quant.h"
-#include "worker/model/llama_model.h"
 
 namespace tandem::worker {
 namespace {
 
-// --- helpers ---
+using cuda_test::Both;
+using cuda_test::CudaBackendTest;
+using cuda_test::Get;
+using cuda_test::Put;
+using cuda_test::RandomFloats;
+using cuda_test::WorstRatio;
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+// --- helpers ---
 
 // A GGUF tensor of `rows` x `cols` (ggml shape [cols, rows]) of `type`, over
 // bytes it owns.
@@ -73,42 +68,6 @@ HostTensor MakeTensor(gguf::GgmlType type, int64_t rows, int64_t cols, const std
   h.tensor.num_bytes = static_cast<int64_t>(h.bytes.size());
   h.tensor.data = h.bytes.data();
   return h;
-}
-
-template <typename T>
-std::unique_ptr<DeviceBuffer> Put(Backend& b, const std::vector<T>& host) {
-  auto buffer = b.Allocate(std::max<size_t>(1, host.size() * sizeof(T)));
-  EXPECT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_TRUE(b.Upload(**buffer, 0, host.data(), host.size() * sizeof(T)).ok());
-  return std::move(buffer).value();
-}
-
-template <typename T>
-std::vector<T> Get(Backend& b, const void* src, size_t n) {
-  std::vector<T> host(n);
-  auto event = b.DownloadAsync(src, host.data(), n * sizeof(T));
-  EXPECT_TRUE(event.ok()) << event.status();
-  if (event.ok()) {
-    EXPECT_TRUE((*event)->Wait().ok());
-  }
-  return host;
-}
-
-// The same host data on both backends.
-template <typename T>
-struct Both {
-  std::unique_ptr<DeviceBuffer> cpu, gpu;
-  T* c() { return cpu->as<T>(); }
-  T* g() { return gpu->as<T>(); }
-};
-
-// Largest |a - b| / (atol + rtol |b|); <= 1 passes.
-double WorstRatio(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / (atol + rtol * std::abs(double{want[i]})));
-  }
-  return worst;
 }
 
 // sum_k |x[i, k]| |w[j, k]| for every (i, j): the scale of y[i, j]'s error.
@@ -263,37 +222,6 @@ TEST(GemmShapeTest, Bf16BoundHoldsOnTheHost) {
 }
 
 // --- on a device ---
-
-class CudaBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const absl::Status usable = CudaDeviceUsable(0);
-    if (!usable.ok()) GTEST_SKIP() << "no usable CUDA device: " << usable.message();
-    auto fp32 = CudaBackend::Create({0, CudaWeightType::kFp32});
-    ASSERT_TRUE(fp32.ok()) << fp32.status();
-    gpu_ = std::move(fp32).value();
-    auto bf16 = CudaBackend::Create({0, CudaWeightType::kBf16});
-    ASSERT_TRUE(bf16.ok()) << bf16.status();
-    gpu_bf16_ = std::move(bf16).value();
-  }
-
-  template <typename T>
-  Both<T> Mirror(const std::vector<T>& host) {
-    return {Put(cpu_, host), Put(*gpu_, host)};
-  }
-  template <typename T>
-  std::vector<T> CpuResult(Both<T>& b, size_t n) {
-    return Get<T>(cpu_, b.cpu->data(), n);
-  }
-  template <typename T>
-  std::vector<T> GpuResult(Both<T>& b, size_t n) {
-    return Get<T>(*gpu_, b.gpu->data(), n);
-  }
-
-  CpuBackend cpu_{2};
-  std::unique_ptr<CudaBackend> gpu_;       // fp32 weights
-  std::unique_ptr<CudaBackend> gpu_bf16_;  // bf16 weights
-};
 
 TEST_F(CudaBackendTest, UploadDownloadRoundTrips) {
   for (const size_t bytes : {size_t{1}, size_t{4095}, size_t{4097}, size_t{3} << 20, (size_t{20} << 20) + 7}) {
@@ -605,213 +533,6 @@ TEST_F(CudaBackendTest, MatmulMatchesCpuWithinTheBounds) {
       EXPECT_LE(worst16, 1.0);
     }
   }
-}
-
-// Builds a step (three sequences over scattered blocks, chunked prefill then
-// decode-like rows) and runs LlamaModel on a backend; the logits of every
-// token of every step.
-std::vector<float> RunSteps(Backend& backend, const gguf::GgufFile& file, const gguf::LlamaConfig& config) {
-  constexpr int32_t kBlockSize = 4;
-  auto model = LlamaModel::Load(file, config, &backend, {});
-  EXPECT_TRUE(model.ok()) << model.status();
-  if (!model.ok()) return {};
-  EXPECT_TRUE((*model)->AllocateKvCache(32, kBlockSize).ok());
-  std::mt19937 rng(3);
-  const std::vector<int32_t> lengths = {37, 21, 6};
-  std::vector<std::vector<TokenId>> tokens(3);
-  std::vector<std::vector<BlockId>> tables(3);
-  std::vector<BlockId> free(31);
-  std::iota(free.begin(), free.end(), 1);
-  std::shuffle(free.begin(), free.end(), rng);
-  for (int s = 0; s < 3; ++s) {
-    for (int i = 0; i < lengths[s]; ++i) tokens[s].push_back(static_cast<TokenId>(rng() % config.vocab_size));
-    for (int b = 0; b * kBlockSize < lengths[s]; ++b) {
-      tables[s].push_back(free.back());
-      free.pop_back();
-    }
-  }
-  struct Chunk {
-    int32_t seq, begin, end;
-  };
-  // A prefill chunk, a whole prompt and a short one; then the rest of the
-  // first with a continuation of the third; then two decode rows.
-  const std::vector<std::vector<Chunk>> steps = {{{0, 0, 16}, {1, 0, 20}, {2, 0, 3}}, {{0, 16, 37}, {2, 3, 5}},
-                                                 {{1, 20, 21}, {2, 5, 6}}};
-  std::vector<float> all;
-  for (const auto& chunks : steps) {
-    std::vector<TokenId> ids;
-    std::vector<int32_t> positions, query_start{0}, seq_lens, table_start{0}, rows;
-    std::vector<int64_t> slots;
-    std::vector<BlockId> flat;
-    int32_t max_seq = 0, max_query = 0;
-    for (const Chunk& c : chunks) {
-      for (int32_t p = c.begin; p < c.end; ++p) {
-        rows.push_back(static_cast<int32_t>(ids.size()));
-        ids.push_back(tokens[c.seq][p]);
-        positions.push_back(p);
-        slots.push_back(int64_t{tables[c.seq][p / kBlockSize]} * kBlockSize + p % kBlockSize);
-      }
-      query_start.push_back(static_cast<int32_t>(ids.size()));
-      seq_lens.push_back(c.end);
-      flat.insert(flat.end(), tables[c.seq].begin(), tables[c.seq].end());
-      table_start.push_back(static_cast<int32_t>(flat.size()));
-      max_seq = std::max(max_seq, c.end);
-      max_query = std::max(max_query, c.end - c.begin);
-    }
-    std::vector<std::unique_ptr<DeviceBuffer>> keep;
-    auto put = [&](const auto& v) {
-      keep.push_back(Put(backend, v));
-      return keep.back()->data();
-    };
-    ForwardInputs in;
-    in.input_ids = static_cast<const TokenId*>(put(ids));
-    in.positions = static_cast<const int32_t*>(put(positions));
-    in.kv_slots = static_cast<const int64_t*>(put(slots));
-    in.num_tokens = static_cast<int32_t>(ids.size());
-    in.query_start = static_cast<const int32_t*>(put(query_start));
-    in.seq_lens = static_cast<const int32_t*>(put(seq_lens));
-    in.block_table_start = static_cast<const int32_t*>(put(table_start));
-    in.block_tables = static_cast<const BlockId*>(put(flat));
-    in.num_seqs = static_cast<int32_t>(seq_lens.size());
-    in.max_seq_len = max_seq;
-    in.max_query_len = max_query;
-    in.logits_rows = static_cast<const int32_t*>(put(rows));
-    in.num_logits_rows = static_cast<int32_t>(rows.size());
-    const size_t n = rows.size() * config.vocab_size;
-    auto logits = backend.Allocate(n * sizeof(float));
-    EXPECT_TRUE(logits.ok());
-    const absl::Status forward = (*model)->Forward(in, nullptr, nullptr, (*logits)->as<float>());
-    EXPECT_TRUE(forward.ok()) << forward;
-    const std::vector<float> host = Get<float>(backend, (*logits)->data(), n);
-    all.insert(all.end(), host.begin(), host.end());
-  }
-  return all;
-}
-
-// CpuBackend computing what the CUDA backend computes with bf16 weights:
-// weights rounded to bf16 at load, each GEMM's x rounded to bf16, products
-// (exact in fp32) summed in fp32. The GPU's bf16 forward differs from it only
-// in summation order and libm ulps, as its fp32 forward differs from
-// CpuBackend's, so the same 1e-3 holds for both.
-class Bf16CpuModel : public CpuBackend {
- public:
-  Bf16CpuModel() : CpuBackend(2) {}
-
-  absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) override {
-    auto w = CpuBackend::LoadWeight(tensor);
-    if (!w.ok()) return w;
-    float* data = w->buffer->as<float>();
-    for (int64_t i = 0; i < w->rows * w->cols; ++i) data[i] = Round(data[i]);
-    return w;
-  }
-
-  absl::Status Matmul(const MatmulParams& p) override {
-    rounded_.assign(p.x, p.x + p.m * p.w->cols);
-    for (float& v : rounded_) v = Round(v);
-    MatmulParams q = p;
-    q.x = rounded_.data();
-    return CpuBackend::Matmul(q);
-  }
-  // Each weight through the Matmul above (CpuBackend's would quantize x itself).
-  absl::Status MatmulGroup(const MatmulGroupParams& p) override { return Backend::MatmulGroup(p); }
-
- private:
-  static float Round(float v) { return portable::Bf16ToFloat(portable::FloatToBf16(v)); }
-  std::vector<float> rounded_;
-};
-
-// The tiny model of the CPU backend's own forward test, with weights large
-// enough that the logits depend on the whole context.
-gguf::RandomLlamaOptions TinyLlama() {
-  gguf::RandomLlamaOptions options;
-  options.layers = 2;
-  options.hidden = 64;
-  options.heads = 4;
-  options.kv_heads = 2;
-  options.intermediate = 128;
-  options.seed = 7;
-  options.weight_scale = 0.2;
-  return options;
-}
-
-// SmolLM2-135M's shapes (random weights, fp32 in the file).
-gguf::RandomLlamaOptions SmolLm2ShapedLlama() {
-  gguf::RandomLlamaOptions options;
-  options.layers = 30;
-  options.hidden = 576;
-  options.heads = 9;
-  options.kv_heads = 3;
-  options.intermediate = 1536;
-  options.vocab = 49152;
-  options.context = 2048;
-  options.seed = 8;
-  return options;
-}
-
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(double{a[i]} - b[i]));
-  return max_diff;
-}
-
-// What bf16 weights and activations cost on the tiny model, measured on the
-// host (no device needed): the largest logit moves by 2.9% of the largest
-// |logit| (each bf16 rounding is within 2^-8 = 0.4%, and nine GEMM inputs
-// lie on the path from the embedding to the logits). Deterministic; the
-// bound keeps the host model honest. (SmolLM2's shapes: 1.0%.)
-TEST(Bf16CpuModelTest, Bf16CostOnTheTinyModel) {
-  auto image = gguf::MakeRandomLlama(TinyLlama());
-  ASSERT_TRUE(image.ok()) << image.status();
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto config = gguf::ReadLlamaConfig(**file);
-  ASSERT_TRUE(config.ok()) << config.status();
-  CpuBackend fp32(2);
-  Bf16CpuModel bf16;
-  const std::vector<float> want = RunSteps(fp32, **file, *config);
-  const std::vector<float> got = RunSteps(bf16, **file, *config);
-  ASSERT_EQ(got.size(), want.size());
-  double range = 0;
-  for (float v : want) range = std::max(range, std::abs(double{v}));
-  const double diff = MaxAbsDiff(got, want);
-  std::printf("bf16 host model vs fp32: largest logit difference %.3g (largest |logit| %.3g)\n", diff, range);
-  EXPECT_LT(diff, 0.05 * range);
-}
-
-void ExpectForwardMatchesCpu(CudaBackend& fp32_gpu, CudaBackend& bf16_gpu, const gguf::RandomLlamaOptions& options,
-                             const char* label) {
-  auto image = gguf::MakeRandomLlama(options);
-  ASSERT_TRUE(image.ok()) << image.status();
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto config = gguf::ReadLlamaConfig(**file);
-  ASSERT_TRUE(config.ok()) << config.status();
-  CpuBackend cpu(0);
-  Bf16CpuModel cpu_bf16;
-  const std::vector<float> want = RunSteps(cpu, **file, *config);
-  const std::vector<float> got = RunSteps(fp32_gpu, **file, *config);
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(want.empty());
-  const double diff32 = MaxAbsDiff(got, want);
-  const std::vector<float> want16 = RunSteps(cpu_bf16, **file, *config);
-  const std::vector<float> got16 = RunSteps(bf16_gpu, **file, *config);
-  ASSERT_EQ(got16.size(), want16.size());
-  const double diff16 = MaxAbsDiff(got16, want16);
-  std::printf("%s: largest logit difference, fp32 weights vs CpuBackend %.3g; bf16 weights vs the bf16 host model "
-              "%.3g (vs CpuBackend's fp32 %.3g)\n",
-              label, diff32, diff16, MaxAbsDiff(got16, want));
-  ::testing::Test::RecordProperty(std::string(label) + "_max_logit_diff_fp32", std::to_string(diff32));
-  ::testing::Test::RecordProperty(std::string(label) + "_max_logit_diff_bf16", std::to_string(diff16));
-  EXPECT_LT(diff32, 1e-3) << label;
-  EXPECT_LT(diff16, 1e-3) << label;
-}
-
-TEST_F(CudaBackendTest, LlamaForwardMatchesCpu) {
-  ExpectForwardMatchesCpu(*gpu_, *gpu_bf16_, TinyLlama(), "tiny");
-}
-
-TEST_F(CudaBackendTest, SmolLm2ShapedForwardMatchesCpu) {
-  ExpectForwardMatchesCpu(*gpu_, *gpu_bf16_, SmolLm2ShapedLlama(), "smollm2-shaped");
 }
 
 }  // namespace

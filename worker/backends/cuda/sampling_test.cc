@@ -27,12 +27,15 @@
 #include "worker/backends/cpu/cpu_backend.h"
 #include "worker/backends/cpu/sampler.h"
 #include "worker/backends/cuda/cuda_backend.h"
+#include "worker/backends/cuda/cuda_test_util.h"
 #include "worker/backends/portable/sampling_rule.h"
 
 namespace tandem::worker {
 namespace {
 
 namespace sr = sampling;
+using cuda_test::Get;
+using cuda_test::Put;
 
 // A batch of rows in host memory: everything SampleParams points to.
 struct HostBatch {
@@ -155,27 +158,6 @@ Outputs SampleOnCpu(HostBatch& b) {
   return out;
 }
 
-template <typename T>
-std::unique_ptr<DeviceBuffer> Put(Backend& backend, const std::vector<T>& host) {
-  auto buffer = backend.Allocate(std::max<size_t>(1, host.size() * sizeof(T)));
-  EXPECT_TRUE(buffer.ok()) << buffer.status();
-  if (!host.empty()) {
-    EXPECT_TRUE(backend.Upload(**buffer, 0, host.data(), host.size() * sizeof(T)).ok());
-  }
-  return std::move(buffer).value();
-}
-
-template <typename T>
-std::vector<T> Get(Backend& backend, DeviceBuffer& buffer, size_t n) {
-  std::vector<T> host(n);
-  auto event = backend.DownloadAsync(buffer.data(), host.data(), n * sizeof(T));
-  EXPECT_TRUE(event.ok()) << event.status();
-  if (event.ok()) {
-    EXPECT_TRUE((*event)->Wait().ok());
-  }
-  return host;
-}
-
 // Samples the batch with `backend` (device memory in, device memory out).
 Outputs SampleOnDevice(Backend& backend, HostBatch& b) {
   Outputs host;
@@ -205,9 +187,9 @@ Outputs SampleOnDevice(Backend& backend, HostBatch& b) {
   const absl::Status status = backend.Sample(p);
   EXPECT_TRUE(status.ok()) << status;
   Outputs out;
-  out.tokens = Get<TokenId>(backend, *tokens, host.tokens.size());
-  out.logprobs = Get<float>(backend, *logprobs, host.logprobs.size());
-  out.top_ids = Get<TokenId>(backend, *top_ids, host.top_ids.size());
+  out.tokens = Get<TokenId>(backend, tokens->data(), host.tokens.size());
+  out.logprobs = Get<float>(backend, logprobs->data(), host.logprobs.size());
+  out.top_ids = Get<TokenId>(backend, top_ids->data(), host.top_ids.size());
   return out;
 }
 
