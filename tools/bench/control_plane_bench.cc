@@ -417,8 +417,9 @@ int Main(int argc, char** argv) {
       (async != "on" && async != "off" && async != "on,off") ||
       (o.workers != "socket" && o.workers != "port" && o.workers != "main")) {
     std::fprintf(stderr,
-                 "control_plane_bench: --running, --stages: positive integers; --async: on, off or on,off; "
-                 "--workers: socket, port or main\n");
+                 "control_plane_bench: --running, --stages: positive integers, comma-separated; --steps, "
+                 "--prompt-tokens, --repeats: at least 1; --async: on, off or on,off; --workers: socket, port or "
+                 "main\n");
     return 2;
   }
   auto file = gguf::OpenModelFile(o.model);
