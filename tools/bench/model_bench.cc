@@ -3,16 +3,19 @@
 //
 //   BM_Decode/B/C    one decode step for B sequences of C cached tokens
 //                    (a forward pass of B tokens plus greedy sampling); C
-//                    640 is the end of a 512-token prompt's 128 outputs
+//                    640 is the end of a 512-token prompt's 128 outputs;
+//                    loops, in_loops and busy: see ReportPool
 //   BM_Prefill/N     one N-token prompt in one forward pass
 //   BM_Matmul/W/M/F  one matmul of M rows of x by the model's weight W
 //                    (0: blk.0.ffn_down, 1: blk.0.ffn_up, 2: token_embd, the
 //                    output projection; 3 and 4: the first 128 rows of 0 and
 //                    2, in L2) on the quantized path (F=0) or the float path
 //                    (F=1); bytes_per_second counts weight bytes
-//   BM_ReadBandwidth/H  the machine's memory read bandwidth (a 256 MiB sum
-//                    read with AVX2, in 4 KiB pages (H=0) or 2 MiB ones),
-//                    the bound of a batch-1 decode step
+//   BM_ReadBandwidth/H/D  the machine's memory read bandwidth (a 256 MiB
+//                    sum read with AVX2, in 4 KiB pages (H=0) or 2 MiB ones,
+//                    with software prefetches D bytes ahead or none): with
+//                    BM_Gemv's DRAM cases, which read faster still, the
+//                    bound of a batch-1 decode step
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
 //   BM_Attention/B/C  a decode step's attention alone: 30 layers of
@@ -160,6 +163,18 @@ void Run(Step& step) {
   TANDEM_CHECK_OK(m.backend->Sample(sample));
 }
 
+// Where a step's time went: the share of it inside the pool's loops
+// (`in_loops`; the rest is serial work between them) and how busy the
+// threads were inside them (`busy`: their time running units over threads x
+// loop time).
+void ReportPool(benchmark::State& state, const ThreadPool::Stats& before, const ThreadPool::Stats& after,
+                uint64_t step_ticks) {
+  const double loop_ticks = static_cast<double>(after.loop_ticks - before.loop_ticks);
+  state.counters["loops"] = static_cast<double>(after.loops - before.loops) / static_cast<double>(state.iterations());
+  state.counters["in_loops"] = loop_ticks / static_cast<double>(step_ticks);
+  state.counters["busy"] = static_cast<double>(after.busy_ticks - before.busy_ticks) / (g_threads * loop_ticks);
+}
+
 void BM_Decode(benchmark::State& state) {
   const auto batch = static_cast<int32_t>(state.range(0));
   const auto context = static_cast<int32_t>(state.range(1));
@@ -167,7 +182,18 @@ void BM_Decode(benchmark::State& state) {
   auto prefill = MakeStep(batch, 0, context);
   Run(*prefill);
   auto decode = MakeStep(batch, context, 1);
-  for (auto _ : state) Run(*decode);
+  ThreadPool& pool = Model().backend->pool();
+  pool.EnableStats(true);
+  const ThreadPool::Stats before = pool.stats();
+  uint64_t step_ticks = 0;
+  for (auto _ : state) {
+    const uint64_t start = __rdtsc();
+    Run(*decode);
+    step_ticks += __rdtsc() - start;
+  }
+  const ThreadPool::Stats after = pool.stats();
+  pool.EnableStats(false);
+  ReportPool(state, before, after, step_ticks);
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["threads"] = g_threads;
 }
@@ -243,9 +269,13 @@ class PagedMemory {
 
 // Sums `bytes` at p (a multiple of 128) as 64-bit lanes, four AVX2 loads at
 // a time: the read bandwidth a kernel streaming weights could reach.
-__attribute__((target("avx2"))) int64_t SumAvx2(const uint8_t* p, int64_t bytes) {
+__attribute__((target("avx2"))) int64_t SumAvx2(const uint8_t* p, int64_t bytes, int64_t ahead) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < bytes; i += 128) {
+    if (ahead > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead + 64), _MM_HINT_T0);
+    }
     a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
     a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
     a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
@@ -268,14 +298,17 @@ void BM_ReadBandwidth(benchmark::State& state) {
   std::vector<int64_t> sums(g_threads);
   for (auto _ : state) {
     pool.ParallelFor(kBytes / kChunk, 1, [&](int64_t begin, int64_t end, int32_t t) {
-      sums[t] += SumAvx2(memory.data() + begin * kChunk, (end - begin) * kChunk);
+      sums[t] += SumAvx2(memory.data() + begin * kChunk, (end - begin) * kChunk, state.range(1));
     });
     benchmark::DoNotOptimize(sums.data());
   }
   state.SetBytesProcessed(state.iterations() * kBytes);
   state.SetLabel(state.range(0) ? "2 MiB pages" : "4 KiB pages");
 }
-BENCHMARK(BM_ReadBandwidth)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ReadBandwidth)
+    ->ArgsProduct({{0, 1}, {0, 2048, 4096}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // One row of x (k = 576, SmolLM2's width) by N weight rows of type T
 // (2: Q4_0, 3: Q4_1, 8: Q8_0), packed as CpuBackend::LoadWeight packs them,

@@ -41,6 +41,8 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   int32_t num_threads() const override { return pool_.num_threads(); }
+  // For benchmarks: the pool's Stats.
+  ThreadPool& pool() { return pool_; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override;

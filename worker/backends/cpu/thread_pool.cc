@@ -8,19 +8,22 @@
 namespace tandem::worker {
 namespace {
 
-// word_'s fields.
-constexpr int64_t kMaxChunks = 0xffff;
+// A range word's fields.
+constexpr int64_t kMaxUnits = 0xffff;
 uint32_t Generation(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
-int64_t Chunks(uint64_t word) { return static_cast<int64_t>((word >> 16) & kMaxChunks); }
-int64_t NextChunk(uint64_t word) { return static_cast<int64_t>(word & kMaxChunks); }
-uint64_t LoopWord(uint32_t generation, int64_t chunks) {
-  return uint64_t{generation} << 32 | static_cast<uint64_t>(chunks) << 16;
+int64_t Front(uint64_t word) { return static_cast<int64_t>((word >> 16) & kMaxUnits); }
+int64_t Back(uint64_t word) { return static_cast<int64_t>(word & kMaxUnits); }
+uint64_t RangeWord(uint32_t generation, int64_t front, int64_t back) {
+  return uint64_t{generation} << 32 | static_cast<uint64_t>(front) << 16 | static_cast<uint64_t>(back);
 }
 
 }  // namespace
 
 ThreadPool::ThreadPool(int32_t num_threads, std::function<void(int32_t)> on_loop_seen)
-    : num_threads_(std::max(1, num_threads)), on_loop_seen_(std::move(on_loop_seen)) {
+    : num_threads_(std::max(1, num_threads)),
+      on_loop_seen_(std::move(on_loop_seen)),
+      ranges_(num_threads_),
+      busy_ticks_(num_threads_) {
   for (int32_t t = 1; t < num_threads_; ++t) threads_.emplace_back([this, t] { WorkerLoop(t); });
 }
 
@@ -43,29 +46,48 @@ bool ThreadPool::Spin(Ready ready) {
   }
 }
 
-void ThreadPool::RunChunks(uint32_t generation, int32_t thread) {
-  uint64_t word = word_.load(std::memory_order_acquire);
+int64_t ThreadPool::Claim(std::atomic<uint64_t>& range, uint32_t generation, bool front) {
+  uint64_t word = range.load(std::memory_order_acquire);
   for (;;) {
-    if (Generation(word) != generation || NextChunk(word) >= Chunks(word)) return;
-    // Success means loop `generation` is still running and this chunk is
-    // ours: the loop cannot finish (nor fn_ change) until it is done.
-    if (!word_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-      continue;
+    if (Generation(word) != generation || Front(word) >= Back(word)) return -1;
+    // Success means loop `generation` is still running and this unit is
+    // ours: the loop cannot finish (nor fn_ change) until it is done. One
+    // unit at a time, so that a thread preempted in the middle of its range
+    // holds up no more than one unit.
+    const uint64_t claimed = front ? word + (uint64_t{1} << 16) : word - 1;
+    if (range.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      return front ? Front(word) : Back(word) - 1;
     }
-    const int64_t begin = NextChunk(word) * chunk_;
-    (*fn_)(begin, std::min(begin + chunk_, count_), thread);
-    if (pending_.fetch_sub(1) == 1 && waiting_done_.load()) {
-      absl::MutexLock lock(&mu_);
-      done_.Signal();
-    }
-    ++word;  // the CAS's next expected value; a failure reloads it
+  }
+}
+
+void ThreadPool::RunUnits(uint32_t generation, int32_t thread) {
+  int64_t done = 0;
+  const bool stats = stats_on_.load(std::memory_order_relaxed);
+  const uint64_t start = stats ? __rdtsc() : 0;
+  auto run = [&](int64_t unit) {
+    const int64_t begin = unit * unit_;
+    (*fn_)(begin, std::min(begin + unit_, count_), thread);
+    ++done;
+  };
+  for (int64_t unit; (unit = Claim(ranges_[thread].word, generation, /*front=*/true)) >= 0;) run(unit);
+  for (int32_t i = 1; i < num_threads_; ++i) {
+    std::atomic<uint64_t>& other = ranges_[(thread + i) % num_threads_].word;
+    for (int64_t unit; (unit = Claim(other, generation, /*front=*/false)) >= 0;) run(unit);
+  }
+  if (done > 0 && stats) busy_ticks_[thread].busy.fetch_add(__rdtsc() - start, std::memory_order_relaxed);
+  // Counted once, at the end: a shared counter touched per unit would cost
+  // the cache line that the ranges avoid.
+  if (done > 0 && pending_.fetch_sub(done) == done && waiting_done_.load()) {
+    absl::MutexLock lock(&mu_);
+    done_.Signal();
   }
 }
 
 void ThreadPool::WorkerLoop(int32_t thread) {
   uint32_t seen = 0;
   for (;;) {
-    auto news = [&] { return stop_.load() || Generation(word_.load()) != seen; };
+    auto news = [&] { return stop_.load() || loop_.load() != seen; };
     if (!Spin(news)) {
       absl::MutexLock lock(&mu_);
       sleepers_.fetch_add(1);
@@ -73,9 +95,9 @@ void ThreadPool::WorkerLoop(int32_t thread) {
       sleepers_.fetch_sub(1);
     }
     if (stop_.load()) return;
-    seen = Generation(word_.load(std::memory_order_acquire));
+    seen = loop_.load(std::memory_order_acquire);
     if (on_loop_seen_) on_loop_seen_(thread);
-    RunChunks(seen, thread);
+    RunUnits(seen, thread);
   }
 }
 
@@ -83,25 +105,31 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
                              const std::function<void(int64_t, int64_t, int32_t)>& fn) {
   if (count <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  if (num_threads_ == 1 || count <= grain) {
+  const int64_t target = std::min({count / grain, int64_t{num_threads_} * kUnitsPerThread, kMaxUnits});
+  if (num_threads_ == 1 || target < 2) {
     fn(0, count, 0);
     return;
   }
-  // A few chunks per thread balance uneven work (and a preempted thread's
-  // share) without much contention.
-  const int64_t target = std::min({count / grain, int64_t{num_threads_} * 4, kMaxChunks});
-  chunk_ = (count + target - 1) / target;
-  const int64_t chunks = (count + chunk_ - 1) / chunk_;
+  const bool stats = stats_on_.load(std::memory_order_relaxed);
+  const uint64_t start = stats ? __rdtsc() : 0;
+  // Whole multiples of the grain: a caller whose items are vector lanes
+  // (SiluMul's grain of 4096 floats) gets the same bits whatever the split.
+  unit_ = ((count + target - 1) / target + grain - 1) / grain * grain;
+  const int64_t units = (count + unit_ - 1) / unit_;
   fn_ = &fn;
   count_ = count;
-  pending_.store(chunks, std::memory_order_relaxed);
+  pending_.store(units, std::memory_order_relaxed);
   ++generation_;
-  word_.store(LoopWord(generation_, chunks));  // publishes the fields above
+  for (int32_t t = 0; t < num_threads_; ++t) {
+    ranges_[t].word.store(RangeWord(generation_, units * t / num_threads_, units * (t + 1) / num_threads_),
+                          std::memory_order_relaxed);
+  }
+  loop_.store(generation_);  // publishes the fields above
   if (sleepers_.load() > 0) {
     absl::MutexLock lock(&mu_);
     wake_.SignalAll();
   }
-  RunChunks(generation_, 0);
+  RunUnits(generation_, 0);
   auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
   if (!Spin(done)) {
     absl::MutexLock lock(&mu_);
@@ -110,6 +138,18 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
     waiting_done_.store(false);
   }
   fn_ = nullptr;
+  if (stats) {
+    ++stat_loops_;
+    stat_loop_ticks_ += __rdtsc() - start;
+  }
+}
+
+ThreadPool::Stats ThreadPool::stats() const {
+  Stats s;
+  s.loops = stat_loops_;
+  s.loop_ticks = stat_loop_ticks_;
+  for (const Ticks& t : busy_ticks_) s.busy_ticks += t.busy.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace tandem::worker

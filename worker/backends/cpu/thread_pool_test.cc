@@ -18,18 +18,31 @@ namespace {
 void ExpectEachItemOnce(ThreadPool& pool, int64_t count, int64_t grain) {
   std::vector<std::atomic<int32_t>> hits(count);
   std::atomic<int32_t> bad_thread{0};
+  std::atomic<int32_t> unaligned{0};  // a unit not a whole multiple of `grain` items, but the last
   pool.ParallelFor(count, grain, [&](int64_t begin, int64_t end, int32_t thread) {
     if (thread < 0 || thread >= pool.num_threads()) bad_thread.fetch_add(1);
+    if (begin % grain != 0 || ((end - begin) % grain != 0 && end != count)) unaligned.fetch_add(1);
     for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
   });
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(hits[i].load(), 1) << "item " << i << " of " << count;
   EXPECT_EQ(bad_thread.load(), 0);
+  EXPECT_EQ(unaligned.load(), 0);
 }
 
 TEST(ThreadPoolTest, BackToBackLoopsRunEveryItemOnce) {
   for (int32_t threads : {1, 2, 3, 4}) {
     ThreadPool pool(threads);
     for (int loop = 0; loop < 2000; ++loop) ExpectEachItemOnce(pool, 1 + loop % 37, 1 + loop % 3);
+  }
+}
+
+// SiluMul's shape at 39 prompt tokens: 59,904 floats in units of 4,096 (its
+// vector code's tail would otherwise fall mid-array and change bits).
+TEST(ThreadPoolTest, UnitsAreWholeGrains) {
+  for (int32_t threads : {2, 3}) {
+    ThreadPool pool(threads);
+    ExpectEachItemOnce(pool, 39 * 1536, 4096);
+    ExpectEachItemOnce(pool, 1000, 7);
   }
 }
 
@@ -102,6 +115,44 @@ TEST(ThreadPoolTest, LoopsFinishWithoutAHeldThreadThatLaterArrivesHarmlessly) {
   for (int i = 0; i < (kLoops + 1) * kItems; ++i) {
     ASSERT_EQ(hits[i].load(), 1) << "loop " << i / kItems << " item " << i % kItems;
   }
+}
+
+TEST(ThreadPoolTest, LessThanTwoUnitsRunsInlineOnTheCaller) {
+  ThreadPool pool(4);
+  std::vector<std::vector<int64_t>> calls;  // begin, end, thread
+  pool.ParallelFor(15, 8, [&](int64_t begin, int64_t end, int32_t thread) { calls.push_back({begin, end, thread}); });
+  EXPECT_EQ(calls, (std::vector<std::vector<int64_t>>{{0, 15, 0}}));
+}
+
+// With the pool threads held at the loop's start, the caller runs its own
+// range front to back and then the others' from the back: each thread's own
+// share is one ascending stretch of the items.
+TEST(ThreadPoolTest, TheCallerRunsItsRangeInOrderThenTakesTheOthersFromTheBack) {
+  absl::Notification release;
+  ThreadPool pool(2, [&](int32_t) { release.WaitForNotification(); });
+  std::vector<int64_t> begins;
+  pool.ParallelFor(32 * ThreadPool::kUnitsPerThread, 1,
+                   [&](int64_t begin, int64_t, int32_t thread) { if (thread == 0) begins.push_back(begin); });
+  release.Notify();
+  // 32 units of 16 items: 0..15 the caller's, 16..31 the pool thread's.
+  std::vector<int64_t> expected;
+  for (int64_t unit = 0; unit < 16; ++unit) expected.push_back(unit * 16);
+  for (int64_t unit = 31; unit >= 16; --unit) expected.push_back(unit * 16);
+  EXPECT_EQ(begins, expected);
+}
+
+TEST(ThreadPoolTest, StatsCountPoolLoopsAndTheirBusyTime) {
+  ThreadPool pool(2);
+  pool.ParallelFor(64, 1, [](int64_t, int64_t, int32_t) {});  // before stats: not counted
+  pool.EnableStats(true);
+  for (int loop = 0; loop < 10; ++loop) ExpectEachItemOnce(pool, 64, 1);
+  pool.ParallelFor(4, 8, [](int64_t, int64_t, int32_t) {});  // inline: not a pool loop
+  const ThreadPool::Stats stats = pool.stats();
+  EXPECT_EQ(stats.loops, 10);
+  EXPECT_GT(stats.loop_ticks, 0u);
+  EXPECT_GT(stats.busy_ticks, 0u);
+  // Busy time is spent inside loops, at most by both threads throughout.
+  EXPECT_LE(stats.busy_ticks, 2 * stats.loop_ticks);
 }
 
 TEST(ThreadPoolTest, DestroyedWhileItsThreadsSpinOrSleep) {
