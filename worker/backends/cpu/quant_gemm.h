@@ -99,6 +99,12 @@ void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, 
 
 // Whether the AVX2 kernels are in use.
 bool UsingQuantAvx2();
+// Whether they use AVX-512 VNNI's vpdpbusd for the integer products (where
+// the CPU has it; the same bits as without).
+bool UsingQuantVnni();
+// For tests: AllowQuantVnniForTest(false) runs the AVX2 kernels without VNNI
+// on a CPU that has it; true restores the default.
+void AllowQuantVnniForTest(bool allowed);
 
 }  // namespace tandem::worker::cpu
 

@@ -57,6 +57,9 @@ class QuantGemmTest : public ::testing::TestWithParam<GgmlType> {
     return packed;
   }
 
+  void ExpectEveryShapeEqualsTheReference();
+  void ExpectEveryBatchSizeEqualsTheReference();
+
   // QuantGemm of random m x k activations by n random weight rows equals
   // QuantDotReference bit for bit, with and without accumulation.
   void ExpectReferenceBits(ThreadPool& pool, std::mt19937& rng, int64_t m, int64_t n, int64_t k) {
@@ -83,8 +86,35 @@ class QuantGemmTest : public ::testing::TestWithParam<GgmlType> {
   }
 };
 
+// The plain AVX2 kernels while it lives, on a CPU with VNNI too.
+struct WithoutVnni {
+  WithoutVnni() { AllowQuantVnniForTest(false); }
+  ~WithoutVnni() { AllowQuantVnniForTest(true); }
+};
+
+// Runs `body` with the kernels this CPU picks and, where that means VNNI,
+// again with the plain AVX2 ones.
+template <typename Body>
+void WithAndWithoutVnni(Body body) {
+  std::printf("AVX2 kernels in use: %s; VNNI: %s\n", UsingQuantAvx2() ? "yes" : "no (the reference runs)",
+              UsingQuantVnni() ? "yes (then without)" : "no");
+  const bool vnni = UsingQuantVnni();
+  body();
+  if (!vnni) return;
+  WithoutVnni off;
+  EXPECT_FALSE(UsingQuantVnni());
+  body();
+}
+
 TEST_P(QuantGemmTest, EqualsTheScalarReferenceBitForBit) {
-  std::printf("AVX2 kernels in use: %s\n", UsingQuantAvx2() ? "yes" : "no (the reference runs)");
+  WithAndWithoutVnni([&] { ExpectEveryShapeEqualsTheReference(); });
+}
+
+TEST_P(QuantGemmTest, EveryBatchSizeEqualsTheReference) {
+  WithAndWithoutVnni([&] { ExpectEveryBatchSizeEqualsTheReference(); });
+}
+
+void QuantGemmTest::ExpectEveryShapeEqualsTheReference() {
   std::mt19937 rng(1);
   for (int32_t threads : {1, 2}) {
     ThreadPool pool(threads);
@@ -101,7 +131,7 @@ TEST_P(QuantGemmTest, EqualsTheScalarReferenceBitForBit) {
   }
 }
 
-TEST_P(QuantGemmTest, EveryBatchSizeEqualsTheReference) {
+void QuantGemmTest::ExpectEveryBatchSizeEqualsTheReference() {
   // A row's result may not depend on how many rows share its matmul (batch
   // invariance): the kernels change tile shapes with the rows (1-row GEMV
   // tiles, 3-row tiles, weight groups unpacked once per chunk from 6 rows)
@@ -203,9 +233,15 @@ TEST(QuantizeRowsTest, EqualsTheScalarReferenceBitForBit) {
   EXPECT_EQ(xq.d[1], 0.0f);
 }
 
+void ExpectMinus128MultipliesExactly();
+
 TEST(QuantGemmEdgeTest, Q8_0WeightOfMinus128) {
   // GGUF writers emit -127..127, but -128 fits the format: |w| = 128 must
   // still multiply exactly (the kernel moves signs onto x).
+  WithAndWithoutVnni([] { ExpectMinus128MultipliesExactly(); });
+}
+
+void ExpectMinus128MultipliesExactly() {
   ThreadPool pool(1);
   std::vector<uint8_t> w(34, 0);
   const uint16_t one = gguf::FloatToHalf(1.0f);
