@@ -178,7 +178,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 LoadGroupMins(const uint8
 // The eight int32 sums of four u8 x s8 products each: maddubs then madd
 // (no 16-bit pair sum here can saturate: |w| <= 128 against |x| <= 127, or
 // nibbles), or one vpdpbusd where the CPU has AVX-512 VNNI: the same
-// integers, so the same bits downstream, in about 20% fewer instructions
+// integers, so the same bits downstream, in one instruction instead of two
 // (kVnni; written as inline assembly, which this AVX2-target function may
 // hold, and run only after Table() has checked the CPU).
 template <bool kVnni>
