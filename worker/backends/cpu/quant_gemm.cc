@@ -569,26 +569,25 @@ constexpr Dispatch kAvx2Table{true,
                               RowsAvx2<portable::kGgmlQ8_0, kVnni>};
 constexpr Dispatch kReferenceTable{};
 
-// The best kernels this CPU runs.
+// The best kernels this CPU runs, decided once.
 const Dispatch* Best() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !HasF16c()) return &kReferenceTable;
-  // vpdpbusd on 256-bit registers: AVX512_VNNI with AVX512VL (the EVEX form
-  // the assembler emits).
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) return &kAvx2Table<true>;
-  return &kAvx2Table<false>;
+  static const Dispatch* const best = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !HasF16c()) return &kReferenceTable;
+    // vpdpbusd on 256-bit registers: AVX512_VNNI with AVX512VL (the EVEX
+    // form the assembler emits).
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) return &kAvx2Table<true>;
+    return &kAvx2Table<false>;
+  }();
+  return best;
 }
 
-std::atomic<const Dispatch*> g_table{nullptr};
+// A test's choice in place of Best(), if any.
+std::atomic<const Dispatch*> g_test_table{nullptr};
 
 const Dispatch& Table() {
-  const Dispatch* t = g_table.load(std::memory_order_acquire);
-  if (t == nullptr) {
-    const Dispatch* best = Best();
-    g_table.compare_exchange_strong(t, best, std::memory_order_acq_rel);
-    t = g_table.load(std::memory_order_acquire);
-  }
-  return *t;
+  const Dispatch* t = g_test_table.load(std::memory_order_acquire);
+  return t != nullptr ? *t : *Best();
 }
 
 // Weight rows per task: few rows for few rows of x, so that a decode's
@@ -757,8 +756,7 @@ bool UsingQuantAvx2() { return Table().avx2; }
 bool UsingQuantVnni() { return Table().vnni; }
 
 void AllowQuantVnniForTest(bool allowed) {
-  const Dispatch* best = Best();
-  g_table.store(!allowed && best->vnni ? &kAvx2Table<false> : best, std::memory_order_release);
+  g_test_table.store(!allowed && Best()->vnni ? &kAvx2Table<false> : nullptr, std::memory_order_release);
 }
 
 }  // namespace tandem::worker::cpu
