@@ -16,6 +16,9 @@
 //                    with software prefetches D bytes ahead or none): with
 //                    BM_Gemv's DRAM cases, which read faster still, the
 //                    bound of a batch-1 decode step
+//   BM_DecodeBound/C  a batch-1 step of C cached tokens against the time
+//                    to read the bytes it must read, alternated in rounds
+//                    (the fraction of the bound each reader sets)
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
 //   BM_Attention/B/C  a decode step's attention alone: 30 layers of
@@ -37,6 +40,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -310,11 +314,80 @@ BENCHMARK(BM_ReadBandwidth)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A batch-1 decode step against the memory bound for the bytes it must read
+// (the model's weights and the keys and values of C cached tokens), both
+// measured in the same second: the VM's bandwidth moves within seconds with
+// its neighbours' load, so bound and step taken in different runs are not
+// comparable. Each iteration is a round of kRound decode steps, then kRound
+// reads of that many bytes (2 MiB pages, the step's own threads) by the
+// plain AVX2 sum and kRound by the sum prefetching 2 KiB ahead, each in its
+// own steady state. Counters are medians over rounds: `step_ms`, the two
+// readers' GiB/s, and the step's time as a fraction of the bound each sets
+// (`of_plain`, `of_fastest`: the faster reader of that round).
+void BM_DecodeBound(benchmark::State& state) {
+  constexpr int kRound = 16;
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (!__builtin_cpu_supports("avx2")) {
+    state.SkipWithError("needs AVX2");
+    return;
+  }
+  const auto context = static_cast<int32_t>(state.range(0));
+  Loaded& m = Model();
+  auto prefill = MakeStep(1, 0, context);
+  Run(*prefill);
+  auto decode = MakeStep(1, context, 1);
+  const int64_t bytes = m.model->weight_bytes() + m.model->KvBytesPerBlock(kBlockSize) * context / kBlockSize;
+  const int64_t chunks = (bytes + kChunk - 1) / kChunk;
+  PagedMemory memory(chunks * kChunk, /*huge=*/true);
+  ThreadPool& pool = m.backend->pool();
+  std::vector<int64_t> sums(pool.num_threads());
+  auto read = [&](int64_t ahead) {
+    pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int32_t t) {
+      sums[t] += SumAvx2(memory.data() + begin * kChunk, (end - begin) * kChunk, ahead);
+    });
+    benchmark::DoNotOptimize(sums.data());
+  };
+  // Median seconds of kRound calls of f.
+  auto median_of_round = [](auto&& f) {
+    std::vector<double> seconds(kRound);
+    for (double& s : seconds) {
+      const auto start = std::chrono::steady_clock::now();
+      f();
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + kRound / 2, seconds.end());
+    return seconds[kRound / 2];
+  };
+  std::vector<double> step_ms, plain_gibs, ahead_gibs, of_plain, of_fastest;
+  for (auto _ : state) {
+    const double step = median_of_round([&] { Run(*decode); });
+    const double plain = median_of_round([&] { read(0); }) * bytes / (chunks * kChunk);
+    const double ahead = median_of_round([&] { read(2048); }) * bytes / (chunks * kChunk);
+    step_ms.push_back(1e3 * step);
+    plain_gibs.push_back(bytes / plain / (1 << 30));
+    ahead_gibs.push_back(bytes / ahead / (1 << 30));
+    of_plain.push_back(plain / step);
+    of_fastest.push_back(std::min(plain, ahead) / step);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["MB"] = bytes / 1e6;
+  state.counters["step_ms"] = median(step_ms);
+  state.counters["plain_GiBs"] = median(plain_gibs);
+  state.counters["ahead_GiBs"] = median(ahead_gibs);
+  state.counters["of_plain"] = median(of_plain);
+  state.counters["of_fastest"] = median(of_fastest);
+}
+BENCHMARK(BM_DecodeBound)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // One row of x (k = 576, SmolLM2's width) by N weight rows of type T
 // (2: Q4_0, 3: Q4_1, 8: Q8_0), packed as CpuBackend::LoadWeight packs them,
-// in 4 KiB (H=0) or 2 MiB pages (H=1): the decode GEMV alone. 384 rows stay
-// in L2 (the kernel's arithmetic sets the time); 196,608 rows (69 MB of Q4_1)
-// stream from DRAM. bytes_per_second counts weight bytes, items_per_second
+// in 4 KiB (H=0) or 2 MiB pages (H=1): the decode GEMV alone. 384 and 2,048
+// rows stay in L2 (the kernel's arithmetic sets the time; 384 rows are two
+// threads' few microseconds, in which waking the pool counts); 196,608 rows
+// (69 MB of Q4_1) stream from DRAM. bytes_per_second counts weight bytes, items_per_second
 // weight rows (a thread's ns per row: 1e9 * --threads / items_per_second).
 void BM_Gemv(benchmark::State& state) {
   const auto type = static_cast<int32_t>(state.range(0));
@@ -342,7 +415,7 @@ void BM_Gemv(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 BENCHMARK(BM_Gemv)
-    ->ArgsProduct({{2, 3, 8}, {384, 196608}, {0, 1}})
+    ->ArgsProduct({{2, 3, 8}, {384, 2048, 196608}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
