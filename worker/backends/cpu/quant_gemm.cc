@@ -50,13 +50,23 @@ void BlockInts(int32_t type, const uint8_t* block, int32_t* out) {
   }
 }
 
-// The AVX2 reduction order: (a0+a4)+(a2+a6) + (a1+a5)+(a3+a7).
-float SumLanes(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
-
 // ---------------------------------------------------------------- packing
 
 // f16 fields per row and block: d, and Q4_1's m.
 int HalfFields(int32_t type) { return type == portable::kGgmlQ4_1 ? 2 : 1; }
+
+// Where element e (0..31) of row j of a packed group block sits among the
+// kernels' eight 32-byte weight vectors: vector q = e / 4, byte i. Lane j of
+// vector q holds row j's quad 4q..4q+3, so one vpdpbusd against x's quad q
+// broadcast to every lane (a plain 4-byte broadcast load) adds a quad of
+// products of all eight rows, and after the eight vectors lane j holds row
+// j's integer sum over the block: no shuffle, and one conversion and one fma
+// per block for the eight rows.
+struct Slot {
+  int q;
+  int i;
+};
+constexpr Slot SlotOf(int j, int e) { return {e / 4, 4 * j + e % 4}; }
 
 // One block of a packed group from the GGUF blocks of its rows (nullptr:
 // a padding row, all zero bytes).
@@ -69,17 +79,22 @@ void PackBlock(int32_t type, const uint8_t* const src[kGroupRows], uint8_t* out)
   }
   uint8_t* payload = out + 2 * kGroupRows * fields;
   if (type == portable::kGgmlQ8_0) {
-    for (int j = 0; j < kGroupRows; ++j) std::memcpy(payload + 32 * j, block(j) + 2, 32);
+    for (int j = 0; j < kGroupRows; ++j) {
+      for (int e = 0; e < 32; ++e) payload[32 * SlotOf(j, e).q + SlotOf(j, e).i] = block(j)[2 + e];
+    }
     return;
   }
-  // GGUF's byte e holds elements e and e + 16; the pair's byte e holds
-  // element e of both rows.
-  auto nibble = [&](int j, int e) {
-    const uint8_t byte = block(j)[2 * fields + e % 16];
-    return e < 16 ? byte & 0x0f : byte >> 4;
-  };
-  for (int p = 0; p < 2; ++p) {
-    for (int e = 0; e < 32; ++e) payload[32 * p + e] = static_cast<uint8_t>(nibble(2 * p, e) | nibble(2 * p + 1, e) << 4);
+  // GGUF's byte e holds elements e and e + 16 in its low and high nibbles;
+  // vectors 2p and 2p + 1 share the 32 bytes at 32p, in the low and high
+  // nibbles (one load and three operations unpack two vectors).
+  std::memset(payload, 0, 4 * 32);
+  for (int j = 0; j < kGroupRows; ++j) {
+    for (int e = 0; e < 32; ++e) {
+      const uint8_t byte = block(j)[2 * fields + e % 16];
+      const int nibble = e < 16 ? byte & 0x0f : byte >> 4;
+      const Slot s = SlotOf(j, e);
+      payload[32 * (s.q / 2) + s.i] |= static_cast<uint8_t>(nibble << (4 * (s.q % 2)));
+    }
   }
 }
 
@@ -89,27 +104,21 @@ void UnpackBlock(int32_t type, const uint8_t* packed, int j, uint8_t* out) {
   for (int f = 0; f < fields; ++f) std::memcpy(out + 2 * f, packed + 2 * (kGroupRows * f + j), 2);
   const uint8_t* payload = packed + 2 * kGroupRows * fields;
   if (type == portable::kGgmlQ8_0) {
-    std::memcpy(out + 2, payload + 32 * j, 32);
+    for (int e = 0; e < 32; ++e) out[2 + e] = payload[32 * SlotOf(j, e).q + SlotOf(j, e).i];
     return;
   }
-  const uint8_t* pair = payload + 32 * (j / 2);
-  const int shift = 4 * (j % 2);
-  for (int e = 0; e < 16; ++e) {
-    out[2 * fields + e] = static_cast<uint8_t>(((pair[e] >> shift) & 0x0f) | ((pair[e + 16] >> shift) & 0x0f) << 4);
+  std::memset(out + 2 * fields, 0, 16);
+  for (int e = 0; e < 32; ++e) {
+    const Slot s = SlotOf(j, e);
+    const int nibble = (payload[32 * (s.q / 2) + s.i] >> (4 * (s.q % 2))) & 0x0f;
+    out[2 * fields + e % 16] |= static_cast<uint8_t>(nibble << (e < 16 ? 0 : 4));
   }
 }
 
 // ---------------------------------------------------------------- AVX2
 
-__attribute__((target("avx2,fma,f16c"))) inline float SumAvx2(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
 __attribute__((target("avx2,fma,f16c"))) void QuantizeRowAvx2(const float* x, int64_t k, int8_t* q, float* d,
-                                                           float* s) {
+                                                           float* s, int32_t* neg8, int32_t* neg128) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / kBlock; ++b) {
@@ -137,8 +146,11 @@ __attribute__((target("avx2,fma,f16c"))) void QuantizeRowAvx2(const float* x, in
     const __m256i n16b = _mm256_packs_epi32(n[2], n[3]);
     const __m256i n8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(n16a, n16b), order);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlock), n8);
+    const int32_t total = _mm_cvtsi128_si32(sum);
     d[b] = scale;
-    s[b] = scale * static_cast<float>(_mm_cvtsi128_si32(sum));
+    s[b] = scale * static_cast<float>(total);
+    neg8[b] = -8 * total;
+    neg128[b] = -128 * total;
   }
 }
 
@@ -150,334 +162,245 @@ constexpr int64_t kBlockBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0
 template <int32_t kType>
 constexpr int64_t kGroupBlockBytes = kGroupRows * kBlockBytes<kType>;
 template <int32_t kType>
-constexpr int64_t kHeaderBytes = kType == portable::kGgmlQ4_1 ? 16 : 8;
+constexpr int64_t kHeaderBytes = 2 * kGroupRows * (kType == portable::kGgmlQ4_1 ? 2 : 1);
 
-// Row j's 32 weights of a packed group block as bytes: Q4_1 unsigned 0..15,
-// Q4_0 -8..7, Q8_0 as stored.
-template <int32_t kType>
-__attribute__((target("avx2,fma,f16c"))) inline __m256i LoadGroupRow(const uint8_t* block, int j) {
+// The group block's eight scales d and (Q4_1) mins m as float32.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 LoadGroupScales(const uint8_t* block) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 LoadGroupMins(const uint8_t* block) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * kGroupRows)));
+}
+
+// acc + the eight int32 sums of four u8 x s8 products each: maddubs, madd
+// and add (no 16-bit pair sum here can saturate: |w| <= 128 against |x| <=
+// 127, or nibbles), or one vpdpbusd where the CPU has AVX-512 VNNI: the same
+// integers, so the same bits downstream (kVnni; written as inline assembly,
+// which this AVX2-target function may hold, and run only after Table() has
+// checked the CPU).
+template <bool kVnni>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i DotAdd(__m256i acc, __m256i u, __m256i s) {
+  if constexpr (kVnni) {
+    asm("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+}
+
+// Whether Q8_0's weights enter the products as w + 128 (unsigned; with VNNI,
+// whose sums cannot saturate), the sums starting at -128 * sum(x), or as |w|
+// with their signs moved onto x (maddubs' 16-bit pair sums would saturate on
+// w + 128): two operations a vector fewer with VNNI.
+template <int32_t kType, bool kVnni>
+constexpr bool kBiasedQ8 = kType == portable::kGgmlQ8_0 && kVnni;
+
+// Vector q of a group block as the products take it: `u` unsigned (Q4's
+// nibbles, Q4_0's being w + 8; Q8_0's w + 128 or |w|) and, for Q8_0 without
+// VNNI, `w` the signed weights whose signs move onto x.
+struct WeightVector {
+  __m256i u;
+  __m256i w;
+};
+
+// Vectors 2p and 2p + 1 of a group block.
+template <int32_t kType, bool kVnni>
+__attribute__((target("avx2,fma,f16c"))) inline void LoadWeightPair(const uint8_t* block, int p, WeightVector* v) {
   const uint8_t* payload = block + kHeaderBytes<kType>;
   if constexpr (kType == portable::kGgmlQ8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * j));
-  } else {
-    const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * (j / 2)));
-    const __m256i nibbles = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(pair, 4) : pair, _mm256_set1_epi8(0x0f));
-    if constexpr (kType == portable::kGgmlQ4_0) return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
-    return nibbles;
-  }
-}
-
-// The group block's four scales d and (Q4_1) mins m as float32.
-__attribute__((target("avx2,fma,f16c"))) inline __m128 LoadGroupScales(const uint8_t* block) {
-  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
-}
-__attribute__((target("avx2,fma,f16c"))) inline __m128 LoadGroupMins(const uint8_t* block) {
-  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8)));
-}
-
-// The eight int32 sums of four u8 x s8 products each: maddubs then madd
-// (no 16-bit pair sum here can saturate: |w| <= 128 against |x| <= 127, or
-// nibbles), or one vpdpbusd where the CPU has AVX-512 VNNI: the same
-// integers, so the same bits downstream, in one instruction instead of two
-// (kVnni; written as inline assembly, which this AVX2-target function may
-// hold, and run only after Table() has checked the CPU).
-template <bool kVnni>
-__attribute__((target("avx2,fma,f16c"))) inline __m256i Dot4(__m256i u, __m256i s) {
-  if constexpr (kVnni) {
-    __m256i sums = _mm256_setzero_si256();
-    asm("vpdpbusd %2, %1, %0" : "+x"(sums) : "x"(u), "x"(s));
-    return sums;
-  } else {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-  }
-}
-
-// y[i][j] (+)= dot(x row i0 + i, row j of the packed group w) for an MR x 4
-// tile. Each weight block is unpacked once and multiplied by the MR rows of
-// x, whose bytes are read from L1 as memory operands: MR * 4 accumulators,
-// the unpacked block, two constants and a temporary fill the 16 registers
-// (an x row held in a register as well would spill accumulators).
-template <int32_t kType, int MR, bool kVnni>
-__attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
-                                                   float* y, int64_t ldy, bool accumulate) {
-  constexpr int NR = kGroupRows;
-  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
-  const int64_t k = x.k;
-  const int64_t nb = k / kBlock;
-  const int8_t* xq = x.q.data() + i0 * k;
-  const float* xd = x.d.data() + i0 * nb;
-  __m256 acc[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  }
-  // The pairs' scales d_w * d_x of a run of blocks are computed first and
-  // read back as broadcasts from memory: built in registers, they cost two
-  // shuffles a pair and spill accumulators.
-  constexpr int64_t kRun = 32;
-  alignas(16) float scales[kRun][MR][4];
-  for (int64_t run = 0; run < nb; run += kRun) {
-    const int64_t run_end = std::min(nb, run + kRun);
-    for (int64_t b = run; b < run_end; ++b) {
-      const __m128 wd = LoadGroupScales(w + b * kBytes);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) _mm_store_ps(scales[b - run][i], _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
-    }
-    for (int64_t b = run; b < run_end; ++b) {
-      const float* scale = scales[b - run][0];
-      const int8_t* xb = xq + b * kBlock;
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) {
-        const __m256i wv = LoadGroupRow<kType>(w + b * kBytes, j);
-        const __m256i wabs = kType == portable::kGgmlQ4_1 ? wv : _mm256_sign_epi8(wv, wv);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + i * k));
-          // u8 x s8 pairs: the signed weights' signs move onto x.
-          const __m256i xsigned = kType == portable::kGgmlQ4_1 ? xv : _mm256_sign_epi8(xv, wv);
-          const __m256i p32 = Dot4<kVnni>(wabs, xsigned);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 4 * i + j), _mm256_cvtepi32_ps(p32), acc[i][j]);
-        }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * (2 * p + h)));
+      if constexpr (kBiasedQ8<kType, kVnni>) {
+        v[h].u = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        v[h].u = _mm256_sign_epi8(w, w);
+        v[h].w = w;
       }
     }
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    const __m256i run = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * p));
+    v[0].u = _mm256_and_si256(run, low4);
+    v[1].u = _mm256_and_si256(_mm256_srli_epi16(run, 4), low4);
   }
-  // Q4_1's min term: lane j of min[i] accumulates row j's, an fma per block
-  // in block order as in the reference.
-  __m128 min[MR];
-  for (int i = 0; i < MR; ++i) min[i] = _mm_setzero_ps();
-  if constexpr (kType == portable::kGgmlQ4_1) {
-    const float* xsum = x.s.data() + i0 * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m128 m = LoadGroupMins(w + b * kBytes);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) min[i] = _mm_fmadd_ps(m, _mm_set1_ps(xsum[i * nb + b]), min[i]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    alignas(16) float min_term[4];
-    _mm_store_ps(min_term, min[i]);
-    for (int j = 0; j < NR; ++j) {
-      const float v = SumAvx2(acc[i][j]) + min_term[j];
-      float& out = y[i * ldy + j];
-      out = accumulate ? out + v : v;
-    }
-  }
+}
+
+// Where a block's integer sums start: -8 * sum(x) for Q4_0's nibbles (w +
+// 8), -128 * sum(x) for Q8_0 as w + 128, else 0.
+template <int32_t kType, bool kVnni>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i SumsStart(const QuantizedRows& x, int64_t at) {
+  if constexpr (kType == portable::kGgmlQ4_0) return _mm256_set1_epi32(x.neg8[at]);
+  if constexpr (kBiasedQ8<kType, kVnni>) return _mm256_set1_epi32(x.neg128[at]);
+  return _mm256_setzero_si256();
+}
+
+// sums + the products of weight vector q and quad q of x block `xb`.
+template <int32_t kType, bool kVnni>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i AddQuad(__m256i sums, const WeightVector& v,
+                                                                const int8_t* xb, int q) {
+  int32_t quad;
+  std::memcpy(&quad, xb + 4 * q, 4);
+  __m256i s = _mm256_set1_epi32(quad);
+  if constexpr (kType == portable::kGgmlQ8_0 && !kVnni) s = _mm256_sign_epi8(s, v.w);
+  return DotAdd<kVnni>(sums, v.u, s);
+}
+
+// y[0..7] = acc + Q4_1's min terms (zero for the others), as the reference
+// adds them, (+ y).
+__attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m256 min, float* y, bool accumulate) {
+  __m256 v = _mm256_add_ps(acc, min);
+  if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+  _mm256_storeu_ps(y, v);
 }
 
 // ---------------------------------------------------------------- AVX2, one row
 
-// GemvGroupAvx2's block of row j: its integer partials (Q4_0: from the
-// nibbles, less x8 = 8 * the x quad sums) times d_w * d_x, lane j of
-// `scales`' 128-bit halves, into acc.
-template <int32_t kType, int j, bool kVnni>
-__attribute__((target("avx2,fma,f16c"))) inline void GemvRowAvx2(__m256i wq, __m256i xv, __m256i x8, __m256 scales,
-                                                             __m256& acc) {
-  __m256i p32;
-  if constexpr (kType == portable::kGgmlQ8_0) {
-    p32 = Dot4<kVnni>(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
-  } else if constexpr (kType == portable::kGgmlQ4_0) {
-    p32 = _mm256_sub_epi32(Dot4<kVnni>(wq, xv), x8);
-  } else {
-    p32 = Dot4<kVnni>(wq, xv);
-  }
-  acc = _mm256_fmadd_ps(_mm256_permute_ps(scales, j * 0x55), _mm256_cvtepi32_ps(p32), acc);
-}
-
-// y[j] (+)= dot(x row i0, row j of the packed group w) for j < 4: TileAvx2<kType,
-// 1> in one pass over the blocks, for a decode's GEMV. Per block: one x load,
-// the header's scales (and Q4_1's mins) converted by one instruction, the
-// four d_w * d_x broadcast within 128-bit lanes from a register, Q4_1's min
-// term accumulated in the same pass; Q4_0's weights enter Dot4 as their
-// nibbles 0..15 and 8 * (x quad sum) is subtracted from each lane (exact
-// integers), which saves the two sign operations per row that the signed
-// types otherwise need. The same integer
-// partials, the same fma per lane and block, the same min term and lane sums
-// as TileAvx2, so the same bits.
+// y[j] (+)= dot(x row i0, row j of the packed group w) for j < 8, for a
+// decode's GEMV. Per block: the header's scales (and Q4_1's mins) converted
+// by one instruction each, d_w * d_x by one multiply, Q4_1's min term
+// accumulated in the same pass; eight integer products against x's quads
+// broadcast, one conversion and one fma for the eight rows. The same
+// integers, fma per block and min term as TileAvx2, so the same bits.
 template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
   constexpr int64_t kBytes = kGroupBlockBytes<kType>;
-  // The groups two ahead, a block's lines per block: from DRAM the hardware
-  // prefetcher alone left one thread at 8-10 GB/s on a linear stream (this
-  // VM's 4 KiB pages); with this 12-14 (the lead's gemv_bench, Q4_1 and Q8_0).
-  const uint8_t* ahead = w + 2 * kGroupRows * QuantizedRowBytes(kType, x.k);
-  constexpr int64_t kHeader = kHeaderBytes<kType>;
   const int64_t nb = x.k / kBlock;
+  // The next group (eight rows ahead, as two groups of four were), a block's
+  // lines per block: from DRAM the hardware prefetcher alone left one thread
+  // at 8-10 GB/s on a linear stream (4 KiB pages); with this 12-14.
+  const uint8_t* ahead = w + kGroupRows * QuantizedRowBytes(kType, x.k);
   const int8_t* xq = x.q.data() + i0 * x.k;
   const float* xd = x.d.data() + i0 * nb;
-  const float* xs = x.s.data() + i0 * nb;
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 min = _mm256_setzero_ps();  // Q4_1: lanes 4-7 are the rows' min terms
+  const float* xsum = x.s.data() + i0 * nb;
+  __m256 acc = _mm256_setzero_ps();
+  __m256 min = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w + b * kBytes;
     // Points 64 bytes apart or less over the whole stream touch every line.
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int64_t line = 0; line < (kBytes + 63) / 64; ++line) {
       _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kBytes + 64 * line), _MM_HINT_T0);
     }
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-    __m128 scale4;
-    if constexpr (kType == portable::kGgmlQ4_1) {
-      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-      scale4 = _mm_mul_ps(_mm256_castps256_ps128(dm), _mm_set1_ps(xd[b]));
-      min = _mm256_fmadd_ps(dm, _mm256_set1_ps(xs[b]), min);
-    } else {
-      scale4 = _mm_mul_ps(LoadGroupScales(block), _mm_set1_ps(xd[b]));
-    }
-    const __m256 scales = _mm256_set_m128(scale4, scale4);
-    __m256i wq[4];
-    if constexpr (kType == portable::kGgmlQ8_0) {
-      for (int j = 0; j < 4; ++j) wq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kHeader + 32 * j));
-    } else {
-      for (int p = 0; p < 2; ++p) {
-        const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kHeader + 32 * p));
-        wq[2 * p] = _mm256_and_si256(pair, low4);
-        wq[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(pair, 4), low4);
-      }
-    }
-    __m256i x8 = _mm256_setzero_si256();
-    if constexpr (kType == portable::kGgmlQ4_0) x8 = Dot4<kVnni>(_mm256_set1_epi8(8), xv);
-    GemvRowAvx2<kType, 0, kVnni>(wq[0], xv, x8, scales, acc[0]);
-    GemvRowAvx2<kType, 1, kVnni>(wq[1], xv, x8, scales, acc[1]);
-    GemvRowAvx2<kType, 2, kVnni>(wq[2], xv, x8, scales, acc[2]);
-    GemvRowAvx2<kType, 3, kVnni>(wq[3], xv, x8, scales, acc[3]);
-  }
-  // The four lane sums at once in SumLanes' order, as PackedTileAvx2.
-  __m128 h[4];
+    const __m256 scale = _mm256_mul_ps(LoadGroupScales(block), _mm256_set1_ps(xd[b]));
+    if constexpr (kType == portable::kGgmlQ4_1) min = _mm256_fmadd_ps(LoadGroupMins(block), _mm256_set1_ps(xsum[b]), min);
+    const int8_t* xb = xq + b * kBlock;
+    __m256i sums = SumsStart<kType, kVnni>(x, i0 * nb + b);
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) h[j] = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-  _MM_TRANSPOSE4_PS(h[0], h[1], h[2], h[3]);
-  __m128 v = _mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3]));
-  v = _mm_add_ps(v, _mm256_extractf128_ps(min, 1));  // + 0 for the others, as the reference adds
-  if (accumulate) v = _mm_add_ps(_mm_loadu_ps(y), v);
-  _mm_storeu_ps(y, v);
+    for (int p = 0; p < 4; ++p) {
+      WeightVector v[2];
+      LoadWeightPair<kType, kVnni>(block, p, v);
+      sums = AddQuad<kType, kVnni>(sums, v[0], xb, 2 * p);
+      sums = AddQuad<kType, kVnni>(sums, v[1], xb, 2 * p + 1);
+    }
+    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc);
+  }
+  StoreGroup(acc, min, y, accumulate);
 }
 
 // ---------------------------------------------------------------- AVX2, many rows
 
-// NR weight rows unpacked once for every tile of a chunk of x rows (a tile
-// unpacking its own copy spent a third of a batch's time outside the integer
-// products): block b of row j at u[(b * NR + j) * 32], the bytes maddubs
-// takes unsigned (Q4_1's nibbles, the others' magnitudes); the signed types'
-// weights themselves at s[...] (their signs move onto x); the scales and
-// Q4_1's mins as float32 at d[b * NR + j] and m[b * NR + j].
-// `scales`: a tile's d_w * d_x per block, row and column, computed before its
-// block loop (a loop over runs of them kept gcc from holding the
-// accumulators in registers).
+// A group of weight rows unpacked once for every tile of a chunk of x rows
+// (a tile unpacking its own copy spent a third of a batch's time outside the
+// integer products): block b's vector q at u[(8 b + q) * 32] (and the signed
+// weights at w[...] for Q8_0 without VNNI), its scales and Q4_1's mins as
+// float32 at d[8 b + j] and m[8 b + j].
 struct PackedGroup {
-  std::vector<uint8_t> u, s;
-  std::vector<float> d, m, scales;
+  std::vector<uint8_t> u, w;
+  std::vector<float> d, m;
 };
 
-constexpr int kPackedMaxMR = 4;
+constexpr int64_t kVectorBytes = 8 * 32;  // a block's eight weight vectors
 
-template <int32_t kType>
+template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, int64_t nb, PackedGroup* g) {
-  constexpr int NR = kGroupRows;
   constexpr int64_t kBytes = kGroupBlockBytes<kType>;
-  constexpr bool kSigned = kType != portable::kGgmlQ4_1;
-  if (g->u.size() < static_cast<size_t>(nb * NR * 32)) {
-    g->u.resize(nb * NR * 32);
-    if (kSigned) g->s.resize(nb * NR * 32);
-    g->d.resize(nb * NR);
-    g->m.resize(nb * NR);
-    g->scales.resize(nb * NR * kPackedMaxMR);
+  if (g->u.size() < static_cast<size_t>(nb * kVectorBytes)) {
+    g->u.resize(nb * kVectorBytes);
+    g->w.resize(nb * kVectorBytes);
+    g->d.resize(nb * kGroupRows);
+    g->m.resize(nb * kGroupRows);
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w + b * kBytes;
-    _mm_storeu_ps(g->d.data() + b * NR, LoadGroupScales(block));
-    if (kType == portable::kGgmlQ4_1) _mm_storeu_ps(g->m.data() + b * NR, LoadGroupMins(block));
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      const __m256i wv = LoadGroupRow<kType>(block, j);
-      const int64_t at = (b * NR + j) * 32;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->u.data() + at), kSigned ? _mm256_sign_epi8(wv, wv) : wv);
-      if (kSigned) _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->s.data() + at), wv);
-    }
-  }
-}
-
-// y[i][j] (+)= dot(x row i0 + i, weight row j of the packed group) for an
-// MR x 4 tile; the same fma per lane and block, the same lane sums and min
-// term as TileAvx2, so the same bits.
-template <int32_t kType, int MR, bool kVnni>
-__attribute__((target("avx2,fma,f16c"))) void PackedTileAvx2(const QuantizedRows& x, int64_t i0,
-                                                           PackedGroup& g, float* y, int64_t ldy,
-                                                           bool accumulate) {
-  constexpr int NR = 4;
-  constexpr bool kSigned = kType != portable::kGgmlQ4_1;
-  const int64_t k = x.k;
-  const int64_t nb = k / kBlock;
-  const int8_t* xq = x.q.data() + i0 * k;
-  const float* xd = x.d.data() + i0 * nb;
-  __m256 acc[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  }
-  static_assert(MR <= kPackedMaxMR);
-  float* const scales = g.scales.data();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128 wd = _mm_loadu_ps(g.d.data() + b * NR);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) _mm_storeu_ps(scales + (b * MR + i) * NR, _mm_mul_ps(wd, _mm_set1_ps(xd[i * nb + b])));
-  }
-  {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* scale = scales + b * MR * NR;
-      const int8_t* xb = xq + b * kBlock;
-      const uint8_t* ub = g.u.data() + b * NR * 32;
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) {
-        const __m256i wabs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ub + j * 32));
-        __m256i wv = wabs;
-        if constexpr (kSigned) wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.s.data() + (b * NR + j) * 32));
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + i * k));
-          const __m256i xsigned = kSigned ? _mm256_sign_epi8(xv, wv) : xv;
-          const __m256i p32 = Dot4<kVnni>(wabs, xsigned);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + NR * i + j), _mm256_cvtepi32_ps(p32), acc[i][j]);
+    _mm256_storeu_ps(g->d.data() + b * kGroupRows, LoadGroupScales(block));
+    if (kType == portable::kGgmlQ4_1) _mm256_storeu_ps(g->m.data() + b * kGroupRows, LoadGroupMins(block));
+    for (int p = 0; p < 4; ++p) {
+      WeightVector v[2];
+      LoadWeightPair<kType, kVnni>(block, p, v);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t at = b * kVectorBytes + 32 * (2 * p + h);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->u.data() + at), v[h].u);
+        if constexpr (kType == portable::kGgmlQ8_0 && !kVnni) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->w.data() + at), v[h].w);
         }
       }
     }
   }
-  __m128 min[MR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) min[i] = _mm_setzero_ps();
-  if constexpr (kType == portable::kGgmlQ4_1) {
-    const float* xsum = x.s.data() + i0 * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m128 m = _mm_load_ps(g.m.data() + b * NR);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) min[i] = _mm_fmadd_ps(m, _mm_set1_ps(xsum[i * nb + b]), min[i]);
-    }
-  }
-  // The four rows' lane sums at once, in SumLanes' order: halves added
-  // (a0+a4, a1+a5, a2+a6, a3+a7), transposed, then (p0+p2) + (p1+p3).
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-    __m128 h[NR];
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      h[j] = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]), _mm256_extractf128_ps(acc[i][j], 1));
-    }
-    _MM_TRANSPOSE4_PS(h[0], h[1], h[2], h[3]);
-    __m128 v = _mm_add_ps(_mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3])), min[i]);
-    float* out = y + i * ldy;
-    if (accumulate) v = _mm_add_ps(_mm_loadu_ps(out), v);
-    _mm_storeu_ps(out, v);
-  }
 }
 
-// Rows [i_begin, i_end) of x against `rows` weight rows, in chunks of x
-// rows that stay in L1 while each group of NR weight rows passes over them.
+// y[i][j] (+)= dot(x row i0 + i, weight row j of a group) for an MR x 8 tile:
+// each weight vector is taken once per block (from a PackedGroup if kPacked,
+// else unpacked from the group's packed bytes w) for the MR rows of x; each
+// row's integer sums converted once and added with one fma per block, Q4_1's
+// min term in the same pass. The same bits as GemvGroupAvx2.
+template <int32_t kType, int MR, bool kVnni, bool kPacked>
+__attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
+                                                   const PackedGroup* g, float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
+  const int64_t k = x.k;
+  const int64_t nb = k / kBlock;
+  const int8_t* xq = x.q.data() + i0 * k;
+  const float* xd = x.d.data() + i0 * nb;
+  const float* xsum = x.s.data() + i0 * nb;
+  __m256 acc[MR], min[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i] = min[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = nullptr;  // unpacked from w unless kPacked
+    if constexpr (!kPacked) block = w + b * kBytes;
+    __m256i sums[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) sums[i] = SumsStart<kType, kVnni>(x, (i0 + i) * nb + b);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      WeightVector v[2];
+      if constexpr (kPacked) {
+        for (int h = 0; h < 2; ++h) {
+          const int64_t at = b * kVectorBytes + 32 * (2 * p + h);
+          v[h].u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g->u.data() + at));
+          if constexpr (kType == portable::kGgmlQ8_0 && !kVnni) {
+            v[h].w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g->w.data() + at));
+          }
+        }
+      } else {
+        LoadWeightPair<kType, kVnni>(block, p, v);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        sums[i] = AddQuad<kType, kVnni>(sums[i], v[0], xq + i * k + b * kBlock, 2 * p);
+        sums[i] = AddQuad<kType, kVnni>(sums[i], v[1], xq + i * k + b * kBlock, 2 * p + 1);
+      }
+    }
+    const __m256 wd = kPacked ? _mm256_loadu_ps(g->d.data() + b * kGroupRows) : LoadGroupScales(block);
+    __m256 m = _mm256_setzero_ps();
+    if constexpr (kType == portable::kGgmlQ4_1) {
+      m = kPacked ? _mm256_loadu_ps(g->m.data() + b * kGroupRows) : LoadGroupMins(block);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const int64_t at = i * nb + b;
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(wd, _mm256_set1_ps(xd[at])), _mm256_cvtepi32_ps(sums[i]), acc[i]);
+      if constexpr (kType == portable::kGgmlQ4_1) min[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[at]), min[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) StoreGroup(acc[i], min[i], y + i * ldy, accumulate);
+}
+
 // The last group of a matrix whose rows are not a multiple of kGroupRows
-// (padded with zero rows): one row of x at a time into a 4-wide buffer, of
-// which the real rows' results are copied out.
+// (padded with zero rows): one row of x at a time into a full-width buffer,
+// of which the real rows' results are copied out.
 template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) void RaggedGroupAvx2(const QuantizedRows& x, int64_t i_begin,
                                                            int64_t i_end, const uint8_t* w, int64_t rows, float* y,
@@ -491,7 +414,7 @@ __attribute__((target("avx2,fma,f16c"))) void RaggedGroupAvx2(const QuantizedRow
 }
 
 // Rows [i_begin, i_end) of x against `rows` packed weight rows (from a group
-// boundary), in chunks of x rows that stay in L1 while each group of weight
+// boundary), in chunks of x rows that stay in L2 while each group of weight
 // rows passes over them.
 template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, int64_t i_begin, int64_t i_end,
@@ -508,16 +431,20 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
     if (c_end - c >= kPackedMinRows) {
       thread_local PackedGroup group;
       for (int64_t j = 0; j < full; j += kGroupRows) {
-        PackGroupAvx2<kType>(w + j * row_bytes, x.k / kBlock, &group);
+        PackGroupAvx2<kType, kVnni>(w + j * row_bytes, x.k / kBlock, &group);
         int64_t i = c;
-        for (; i + kMR <= c_end; i += kMR) PackedTileAvx2<kType, kMR, kVnni>(x, i, group, y + i * ldy + j, ldy, accumulate);
-        for (; i < c_end; ++i) PackedTileAvx2<kType, 1, kVnni>(x, i, group, y + i * ldy + j, ldy, accumulate);
+        for (; i + kMR <= c_end; i += kMR) {
+          TileAvx2<kType, kMR, kVnni, true>(x, i, nullptr, &group, y + i * ldy + j, ldy, accumulate);
+        }
+        for (; i < c_end; ++i) TileAvx2<kType, 1, kVnni, true>(x, i, nullptr, &group, y + i * ldy + j, ldy, accumulate);
       }
     } else {
       for (int64_t j = 0; j < full; j += kGroupRows) {
         const uint8_t* wj = w + j * row_bytes;
         int64_t i = c;
-        for (; i + kMR <= c_end; i += kMR) TileAvx2<kType, kMR, kVnni>(x, i, wj, y + i * ldy + j, ldy, accumulate);
+        for (; i + kMR <= c_end; i += kMR) {
+          TileAvx2<kType, kMR, kVnni, false>(x, i, wj, nullptr, y + i * ldy + j, ldy, accumulate);
+        }
         for (; i < c_end; ++i) GemvGroupAvx2<kType, kVnni>(x, i, wj, y + i * ldy + j, accumulate);
       }
     }
@@ -540,6 +467,18 @@ void RowsReference(const QuantizedRows& x, int64_t i_begin, int64_t i_end, const
   }
 }
 
+// QuantizeRowReference and the bias starts (QuantizedRows::neg8, neg128).
+void QuantizeRowBiasReference(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* neg8,
+                              int32_t* neg128) {
+  QuantizeRowReference(x, k, q, d, s);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) sum += q[b * kBlock + e];
+    neg8[b] = -8 * sum;
+    neg128[b] = -128 * sum;
+  }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 using RowsFn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t,
@@ -548,7 +487,7 @@ using RowsFn = void (*)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, 
 struct Dispatch {
   bool avx2 = false;
   bool vnni = false;
-  void (*quantize)(const float*, int64_t, int8_t*, float*, float*) = QuantizeRowReference;
+  void (*quantize)(const float*, int64_t, int8_t*, float*, float*, int32_t*, int32_t*) = QuantizeRowBiasReference;
   RowsFn q4_0 = nullptr;
   RowsFn q4_1 = nullptr;
   RowsFn q8_0 = nullptr;
@@ -595,7 +534,7 @@ const Dispatch& Table() {
 int64_t RowsPerTask(int64_t m, int64_t n, int32_t threads) {
   const int64_t rows = m <= 4 ? 16 : 64;
   const int64_t balanced = (n + 4 * threads - 1) / (4 * threads);
-  return std::max<int64_t>(4, std::min(rows, (balanced + 3) / 4 * 4));
+  return std::max<int64_t>(kGroupRows, std::min(rows, (balanced + kGroupRows - 1) / kGroupRows * kGroupRows));
 }
 
 }  // namespace
@@ -657,11 +596,14 @@ void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, Quanti
     out->q.resize(m * k);
     out->d.resize(m * nb);
     out->s.resize(m * nb);
+    out->neg8.resize(m * nb);
+    out->neg128.resize(m * nb);
   }
   const auto quantize = Table().quantize;
   pool.ParallelFor(m, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end, int32_t) {
     for (int64_t i = begin; i < end; ++i) {
-      quantize(x + i * k, k, out->q.data() + i * k, out->d.data() + i * nb, out->s.data() + i * nb);
+      quantize(x + i * k, k, out->q.data() + i * k, out->d.data() + i * nb, out->s.data() + i * nb,
+               out->neg8.data() + i * nb, out->neg128.data() + i * nb);
     }
   });
 }
@@ -670,25 +612,22 @@ float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row,
   const int64_t nb = x.k / kBlock;
   const int64_t bytes = BlockBytes(type);
   const int8_t* xq = x.q.data() + i * x.k;
-  float lanes[8] = {};
+  float dot = 0.0f;
   float min_term = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w_row + b * bytes;
     int32_t wq[kBlock];
     BlockInts(type, block, wq);
-    const float scale = HalfToFloat(LoadLe16(block)) * x.d[i * nb + b];
-    for (int l = 0; l < 8; ++l) {
-      int32_t partial = 0;
-      for (int e = 4 * l; e < 4 * l + 4; ++e) partial += wq[e] * xq[b * kBlock + e];
-      lanes[l] = std::fma(scale, static_cast<float>(partial), lanes[l]);
-    }
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) sum += wq[e] * xq[b * kBlock + e];
+    dot = std::fma(HalfToFloat(LoadLe16(block)) * x.d[i * nb + b], static_cast<float>(sum), dot);
   }
   if (type == portable::kGgmlQ4_1) {
     for (int64_t b = 0; b < nb; ++b) {
       min_term = std::fma(HalfToFloat(LoadLe16(w_row + b * bytes + 2)), x.s[i * nb + b], min_term);
     }
   }
-  return SumLanes(lanes) + min_term;
+  return dot + min_term;
 }
 
 void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32_t type, int64_t n, float* y,

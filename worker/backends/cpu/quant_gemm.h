@@ -14,22 +14,23 @@
 // never depends on the other rows of its step (see CpuBackendOptions).
 //
 // QuantGemm's result is defined by QuantDotReference, the scalar reference:
-// per block, eight integer partial sums (elements 4l..4l+3 in lane l) are
-// accumulated with fma(d_w * d_x, partial, lane); the lanes are summed
-// pairwise in a fixed order; Q4_1's min term, m_w * d_x * sum(q_x), is
-// accumulated separately with fma in block order and added last. The AVX2
+// per block, the exact integer sum of the 32 products is accumulated with
+// fma(d_w * d_x, sum, dot); the row's result is dot + Q4_1's min term, m_w *
+// d_x * sum(q_x) accumulated separately with fma in block order. The AVX2
 // kernels compute exactly that, so their results equal the reference bit for
 // bit and do not depend on the rows of x beside a row (batch invariance).
 //
 // The kernels read weights packed at load (PackWeightRows) in groups of
-// kGroupRows rows: per 32-element block, the group's four f16 scales (then
-// Q4_1's four f16 mins) side by side, then the rows' weights: Q8_0's four
-// rows of 32 bytes; for Q4_0/Q4_1 two 32-byte runs, rows (0, 1) and (2, 3),
-// whose byte e holds element e of the first row in its low nibble and of the
-// second in its high one. The same bytes as the GGUF blocks (a group is four
-// rows' worth; a last partial group is padded with zero rows), read as one
-// linear stream: a GEMV block of four rows costs one header load and, for
-// Q4, two 32-byte loads and three operations per two rows to unpack.
+// kGroupRows (8) rows: per 32-element block, the group's eight f16 scales
+// (then Q4_1's eight f16 mins) side by side, then the rows' weights as eight
+// 32-byte vectors, vector q's 4-byte lane j holding row j's elements
+// 4q..4q+3: Q8_0's eight vectors in turn, Q4's four 32-byte runs, vectors 2p
+// and 2p + 1 in the low and high nibbles of run p. Against x's quad q
+// broadcast (one load), one vpdpbusd adds a quad of products to every row's
+// lane: after eight, each lane holds its row's block sum, and one conversion
+// and one fma serve the eight rows. The same bytes as the GGUF blocks (a
+// group is eight rows' worth; a last partial group is padded with zero
+// rows), read as one linear stream.
 //
 // Thread-compatible: one caller at a time per pool and per scratch.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
@@ -48,7 +49,7 @@ bool IsQuantizedFormat(int32_t ggml_type);
 int64_t QuantizedRowBytes(int32_t ggml_type, int64_t k);
 
 // Weight rows per packed group.
-inline constexpr int64_t kGroupRows = 4;
+inline constexpr int64_t kGroupRows = 8;
 // Bytes of n rows of `k` elements packed (n rounded up to a whole group).
 int64_t PackedWeightBytes(int32_t ggml_type, int64_t n, int64_t k);
 // Packs n GGUF rows of `k` elements (n * QuantizedRowBytes bytes at `rows`)
@@ -59,13 +60,18 @@ void PackWeightRows(int32_t ggml_type, const uint8_t* rows, int64_t n, int64_t k
 void UnpackWeightRow(int32_t ggml_type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* out);
 
 // Rows of x quantized per 32-element block. Row i's block b is q[i * k + 32 b
-// ...], scale d[i * k / 32 + b], and s = d * sum(q) of the block.
+// ...], scale d[i * k / 32 + b], and s = d * sum(q) of the block; neg8 and
+// neg128[i * k / 32 + b] are -8 and -128 times sum(q): where a block's
+// integer sums start for weights that enter the products as w + 8 (Q4_0's
+// nibbles) or w + 128 (Q8_0 with VNNI).
 struct QuantizedRows {
   int64_t m = 0;
   int64_t k = 0;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<float> s;
+  std::vector<int32_t> neg8;
+  std::vector<int32_t> neg128;
 };
 
 // Quantizes x [m, k] into `out` (resized as needed). REQUIRES: k % 32 == 0.

@@ -197,11 +197,11 @@ TEST_P(QuantGemmTest, PackingKeepsEveryRowsBlocks) {
   std::mt19937 rng(6);
   const int64_t k = 96;
   const int64_t row_bytes = QuantizedRowBytes(type(), k);
-  for (int64_t n : {1, 3, 4, 5, 8, 11}) {
+  for (int64_t n : {1, 3, 4, 5, 8, 11, 16, 19}) {
     std::vector<float> dense;
     const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
     const std::vector<uint8_t> packed = Pack(w, n, k);
-    EXPECT_EQ(static_cast<int64_t>(packed.size()), (n + 3) / 4 * 4 * row_bytes);
+    EXPECT_EQ(static_cast<int64_t>(packed.size()), (n + kGroupRows - 1) / kGroupRows * kGroupRows * row_bytes);
     std::vector<uint8_t> row(row_bytes);
     for (int64_t j = 0; j < n; ++j) {
       UnpackWeightRow(type(), packed.data(), k, j, row.data());
