@@ -60,7 +60,26 @@ absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, Attentio
     s.outs.resize(static_cast<size_t>(items) * p.num_heads * dim);
   }
   s.scores.resize(pool.num_threads());
-
+  s.ahead.resize(pool.num_threads());
+  s.ahead_item.assign(pool.num_threads(), -1);
+  auto item_token = [&](int64_t item) {
+    return static_cast<int32_t>(std::upper_bound(s.item_start.begin(), s.item_start.begin() + tokens + 1, item) -
+                                s.item_start.begin() - 1);
+  };
+  // The token of an item, its span and that span's rows.
+  struct ItemRows {
+    int32_t token, span, first, last;
+    const BlockId* table;
+  };
+  auto item_rows = [&](int64_t item) {
+    ItemRows r;
+    r.token = item_token(item);
+    r.span = static_cast<int32_t>(item) - s.item_start[r.token];
+    r.first = r.span * kSpanRows;
+    r.last = std::min(context(r.token), r.first + kSpanRows);
+    r.table = p.block_tables + p.block_table_start[s.token_seq[r.token]];
+    return r;
+  };
   // Item (t, span): every head of token t over that span of its context,
   // KV head by KV head. Its heads' parts sit span by span, so a head's spans
   // are contiguous for the merge: part (item_start[t] * num_heads + head *
@@ -68,29 +87,39 @@ absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, Attentio
   pool.ParallelFor(items, 1, [&](int64_t begin, int64_t end, int32_t thread) {
     std::vector<float>& scores = s.scores[thread];
     if (scores.size() < static_cast<size_t>(kSpanRows)) scores.resize(kSpanRows);
+    RowPrefetcher& ahead = s.ahead[thread];
     for (int64_t item = begin; item < end; ++item) {
-      const auto t = static_cast<int32_t>(
-          std::upper_bound(s.item_start.begin(), s.item_start.begin() + tokens + 1, item) - s.item_start.begin() - 1);
-      const int32_t n = context(t);
-      const int32_t spans = SpansOf(n);
-      const int32_t span = static_cast<int32_t>(item) - s.item_start[t];
-      const int32_t seq = s.token_seq[t];
-      const BlockId* table = p.block_tables + p.block_table_start[seq];
-      const int32_t first = span * kSpanRows;
-      const int32_t last = std::min(n, first + kSpanRows);
-      PrefetchRows(p.cache.k, table, p.block_size, kv_width, first, last);
-      PrefetchRows(p.cache.v, table, p.block_size, kv_width, first, last);
+      const auto [t, span, first, last, table] = item_rows(item);
+      const int32_t spans = SpansOf(context(t));
+      // This item's rows, unless the previous item of this thread has
+      // asked for them; then the next item's, spread over this one's loops,
+      // when this thread is likely to run it (the next unit of its own
+      // range: another thread's would be fetched twice, by two cores).
+      if (s.ahead_item[thread] != item) {
+        PrefetchRows(p.cache.k, table, p.block_size, kv_width, first, last);
+        PrefetchRows(p.cache.v, table, p.block_size, kv_width, first, last);
+      }
+      if (item + 1 < items && pool.OwnerOf(item + 1) == thread) {
+        const ItemRows next = item_rows(item + 1);
+        ahead.Reset(p.cache.k, p.cache.v, next.table, p.block_size, kv_width, next.first, next.last,
+                    int64_t{2} * p.num_heads * (last - first));
+        s.ahead_item[thread] = item + 1;
+      } else {
+        ahead.Clear();
+        s.ahead_item[thread] = -1;
+      }
       for (int32_t head = 0; head < p.num_heads; ++head) {
         const int64_t head_offset = int64_t{head / group} * dim;
         const PagedRows rows{p.cache.k + head_offset, p.cache.v + head_offset, table, p.block_size, kv_width};
         const float* q = p.q + (int64_t{t} * p.num_heads + head) * dim;
         if (spans == 1) {
           AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), p.out + (int64_t{t} * p.num_heads + head) * dim,
-                     nullptr);
+                     nullptr, &ahead);
           continue;
         }
         const int64_t part = int64_t{s.item_start[t]} * p.num_heads + int64_t{head} * spans + span;
-        AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), s.outs.data() + part * dim, &s.sums[part]);
+        AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), s.outs.data() + part * dim, &s.sums[part],
+                   &ahead);
       }
     }
   });

@@ -1,11 +1,14 @@
 // PagedAttention for the CPU backend (backend.h's semantics), on its pool.
 //
 // Work is split by (token, span of kSpanRows keys). An item runs every head
-// of its token over the span, KV head by KV head, after asking for the
-// span's whole cache rows (every KV head's part) to be brought in: the block
-// table scatters them, so the hardware prefetcher does not, and a head alone
-// reads a third of each row. Spans let one long context use every thread at
-// batch 1 and keep a span's rows in L2 while its heads read them.
+// of its token over the span, KV head by KV head, with the span's whole
+// cache rows (every KV head's part) asked for ahead: the block table
+// scatters them, so the hardware prefetcher does not, and a head alone reads
+// a third of each row. A thread's first item asks for its own rows at once;
+// every item asks for those of the thread's next item a few lines per row it
+// reads (RowPrefetcher), so that they arrive while it computes. Spans let
+// one long context use every thread at batch 1 and keep a span's rows in L2
+// while its heads read them.
 //
 // Spans are fixed by position (rows [s * kSpanRows, (s + 1) * kSpanRows)), so
 // a query's result depends on its own context only: not on the batch, the
@@ -34,6 +37,8 @@ inline constexpr int32_t kSpanRows = 64;
 // Buffers kept across calls (they grow to the largest step and stay).
 struct AttentionScratch {
   std::vector<std::vector<float>> scores;  // per pool thread: kSpanRows
+  std::vector<RowPrefetcher> ahead;        // per pool thread: the rows of its next item
+  std::vector<int64_t> ahead_item;         // per pool thread: which item those are, or -1
   std::vector<int32_t> item_start;         // [tokens + 1]: first item of each token
   std::vector<int32_t> token_seq;          // [tokens]: each token's sequence
   std::vector<int32_t> merged;             // tokens of more than one span

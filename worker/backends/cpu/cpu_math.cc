@@ -136,7 +136,7 @@ inline const float* RowIn(const PagedRows& rows, const float* cache, int32_t blk
 // begin's offset. The loops below share this shape (written out in each: a
 // lambda would not inherit the AVX2 target).
 void AttendSpanPortable(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
-                        float* scores, float* out, SpanSums* sums) {
+                        float* scores, float* out, SpanSums* sums, RowPrefetcher* /*ahead*/) {
   float max = -INFINITY;
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
     const float* key = RowIn(rows, rows.k, blk, j);
@@ -192,9 +192,10 @@ __attribute__((target("avx2,fma"))) inline float HorizontalMax(__m256 v) {
 // out = sum_j (weights[j - begin] * inv_sum) v_j over kVectors * 8 floats
 // held in registers (y * 1 + a x is y + a x exactly: ScaleAddAvx2 with
 // scale 1).
-template <int kVectors>
+template <int kVectors, bool kAhead>
 __attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& rows, int32_t begin, int32_t end,
-                                                             const float* weights, float inv_sum, float* out) {
+                                                             const float* weights, float inv_sum, float* out,
+                                                             RowPrefetcher& ahead) {
   // Unrolled: see Dot8Avx2.
   __m256 acc[kVectors];
 #pragma GCC unroll 16
@@ -202,6 +203,7 @@ __attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& row
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
     const float* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
+      if constexpr (kAhead) ahead.Visit(1);
       const __m256 a = _mm256_set1_ps(weights[j - begin] * inv_sum);
 #pragma GCC unroll 16
       for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(value + 8 * i), acc[i]);
@@ -211,9 +213,12 @@ __attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& row
   for (int i = 0; i < kVectors; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
+// With kAhead, `ahead` is visited per row; without, it is not touched (the
+// visits cost a short span's loops about a tenth of their time).
+template <bool kAhead>
 __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin,
                                                           int32_t end, int64_t dim, float scale, float* scores,
-                                                          float* out, SpanSums* sums) {
+                                                          float* out, SpanSums* sums, RowPrefetcher& ahead) {
   float max = -INFINITY;
   __m256 max8 = _mm256_set1_ps(-INFINITY);
   const __m256 scale8 = _mm256_set1_ps(scale);
@@ -224,6 +229,7 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
       // which rows go together depends on positions only, so a query's
       // scores do not depend on the batch.
       if (dim % 8 == 0 && (j - blk * rows.block_size) % 8 == 0 && j + 8 <= stop) {
+        if constexpr (kAhead) ahead.Visit(8);
         const __m256 s8 = _mm256_mul_ps(Dot8Avx2(q, key, rows.stride, dim), scale8);
         _mm256_storeu_ps(scores + (j - begin), s8);
         max8 = _mm256_max_ps(max8, s8);
@@ -231,6 +237,7 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
         key += 8 * rows.stride;
         continue;
       }
+      if constexpr (kAhead) ahead.Visit(1);
       scores[j - begin] = DotAvx2(q, key, dim) * scale;
       max = std::max(max, scores[j - begin]);
       ++j;
@@ -241,15 +248,25 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
   const float sum = ExpShiftSumAvx2(scores, max, end - begin);
   const float inv_sum = sums == nullptr ? 1.0f / sum : 1.0f;
   if (sums != nullptr) *sums = {max, sum};
-  if (dim == 64) return AccumulateRowsAvx2<8>(rows, begin, end, scores, inv_sum, out);
-  if (dim == 128) return AccumulateRowsAvx2<16>(rows, begin, end, scores, inv_sum, out);
+  if (dim == 64) return AccumulateRowsAvx2<8, kAhead>(rows, begin, end, scores, inv_sum, out, ahead);
+  if (dim == 128) return AccumulateRowsAvx2<16, kAhead>(rows, begin, end, scores, inv_sum, out, ahead);
   std::fill(out, out + dim, 0.0f);
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
     const float* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
+      if constexpr (kAhead) ahead.Visit(1);
       ScaleAddAvx2(out, 1.0f, scores[j - begin] * inv_sum, value, dim);
     }
   }
+}
+
+void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                    float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
+  if (ahead != nullptr && ahead->active()) {
+    return AttendSpanAvx2<true>(q, rows, begin, end, dim, scale, scores, out, sums, *ahead);
+  }
+  RowPrefetcher none;
+  AttendSpanAvx2<false>(q, rows, begin, end, dim, scale, scores, out, sums, none);
 }
 
 struct Dispatch {
@@ -258,7 +275,8 @@ struct Dispatch {
   void (*scale_add)(float*, float, float, const float*, int64_t);
   float (*exp_shift_sum)(float*, float, int64_t);
   void (*silu_mul)(float*, const float*, int64_t);
-  void (*attend_span)(const float*, const PagedRows&, int32_t, int32_t, int64_t, float, float*, float*, SpanSums*);
+  void (*attend_span)(const float*, const PagedRows&, int32_t, int32_t, int64_t, float, float*, float*, SpanSums*,
+                      RowPrefetcher*);
 };
 
 constexpr Dispatch kAvx2{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendSpanAvx2};
@@ -289,11 +307,39 @@ float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_s
 void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out) {
-  Table().attend_span(q, rows, 0, n, dim, scale, scores, out, nullptr);
+  Table().attend_span(q, rows, 0, n, dim, scale, scores, out, nullptr, nullptr);
 }
 void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
-                float* scores, float* out, SpanSums* sums) {
-  Table().attend_span(q, rows, begin, end, dim, scale, scores, out, sums);
+                float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
+  Table().attend_span(q, rows, begin, end, dim, scale, scores, out, sums, ahead);
+}
+void RowPrefetcher::Reset(const float* k, const float* v, const int32_t* table, int32_t block_size,
+                          int64_t row_floats, int32_t first, int32_t last, int64_t visits) {
+  base_ = reinterpret_cast<const char*>(k);
+  second_ = reinterpret_cast<const char*>(v);
+  table_ = table;
+  block_size_ = block_size;
+  row_bytes_ = row_floats * int64_t{sizeof(float)};
+  first_ = next_row_ = first;
+  last_ = last;
+  cur_ = end_ = nullptr;
+  const int64_t lines = 2 * int64_t{last - first} * ((row_bytes_ + 63) / 64);
+  lines_per_visit_ = visits > 0 ? (lines + visits - 1) / visits : lines;
+}
+bool RowPrefetcher::NextRun() {
+  if (next_row_ >= last_) {
+    if (second_ == nullptr) return false;
+    base_ = second_;
+    second_ = nullptr;
+    next_row_ = first_;
+    if (next_row_ >= last_) return false;
+  }
+  const int32_t blk = next_row_ / block_size_;
+  const int32_t stop = std::min(last_, (blk + 1) * block_size_);
+  cur_ = base_ + (int64_t{table_[blk]} * block_size_ + next_row_ % block_size_) * row_bytes_;
+  end_ = cur_ + int64_t{stop - next_row_} * row_bytes_;
+  next_row_ = stop;
+  return true;
 }
 void MergeSpans(int32_t spans, const SpanSums* sums, const float* outs, int64_t dim, float* out) {
   float max = -INFINITY;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -118,10 +119,97 @@ TEST_P(CpuMathTest, NormalizedSpanFromZeroIsAttendRow) {
   EXPECT_EQ(std::memcmp(row.data(), span.data(), sizeof(float) * 64), 0);
 }
 
+// Keys and values read while a prefetcher walks other rows: the same bits.
+TEST_P(CpuMathTest, ASpanGetsTheSameBitsWhilePrefetching) {
+  const Cache c(64, 5);
+  std::vector<float> plain(64), fetching(64), scores(64);
+  SpanSums plain_sums, fetching_sums;
+  AttendSpan(c.q.data(), c.Rows(), 13, 77, 64, c.Scale(), scores.data(), plain.data(), &plain_sums);
+  RowPrefetcher ahead;
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 77, 128, 2 * 64);
+  ASSERT_TRUE(ahead.active());
+  AttendSpan(c.q.data(), c.Rows(), 13, 77, 64, c.Scale(), scores.data(), fetching.data(), &fetching_sums, &ahead);
+  // (The portable version asks for nothing.)
+  if (UsingAvx2()) {
+    EXPECT_FALSE(ahead.active()) << "a span's visits ask for every line";
+  }
+  EXPECT_EQ(std::memcmp(plain.data(), fetching.data(), sizeof(float) * 64), 0);
+  EXPECT_EQ(plain_sums.max, fetching_sums.max);
+  EXPECT_EQ(plain_sums.sum, fetching_sums.sum);
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, CpuMathTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Portable" : "Selected";
                          });
+
+// The lines a RowPrefetcher asks for: every byte of rows [first, last) of
+// the keys, then of the values, through the block table; each line once and
+// no line outside those rows. Rows of 768 bytes (whole lines) and of 432
+// (rows that start mid-line).
+TEST(RowPrefetcherTest, AsksForEveryLineOfTheRowsKeysThenValues) {
+  for (int64_t dim : {64, 36}) {
+    const Cache c(dim, 1);
+    const int64_t row_bytes = c.stride * int64_t{sizeof(float)};
+    for (auto [first, last] : {std::pair{0, 128}, std::pair{13, 77}, std::pair{16, 32}, std::pair{40, 41}}) {
+      RowPrefetcher ahead;
+      ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, first, last, 1);
+      std::vector<const char*> lines;
+      for (const char* line; (line = ahead.NextLine()) != nullptr;) lines.push_back(line);
+      EXPECT_FALSE(ahead.active());
+      // Which cache a line is in and whether it starts inside one of the rows.
+      auto row_of = [&](const std::vector<float>& cache, const char* line) {
+        const int64_t offset = line - reinterpret_cast<const char*>(cache.data());
+        if (offset < 0 || offset >= static_cast<int64_t>(cache.size() * sizeof(float))) return -1;
+        const int64_t slot = offset / row_bytes;  // block * kBlockSize + row in block
+        const auto block = std::find(c.table.begin(), c.table.end(), slot / kBlockSize) - c.table.begin();
+        const int64_t j = block * kBlockSize + slot % kBlockSize;
+        return j >= first && j < last ? static_cast<int>(j) : -1;
+      };
+      std::vector<int64_t> covered_k(last - first), covered_v(last - first);  // bytes of each row covered
+      bool in_values = false;
+      std::vector<const char*> sorted = lines;
+      std::sort(sorted.begin(), sorted.end());
+      ASSERT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "a line asked for twice";
+      for (const char* line : lines) {
+        const int jk = row_of(c.k, line);
+        const int jv = row_of(c.v, line);
+        ASSERT_TRUE(jk >= 0 || jv >= 0) << "a line outside rows [" << first << ", " << last << ")";
+        if (jv >= 0) in_values = true;
+        ASSERT_FALSE(in_values && jk >= 0) << "a key line after the values began";
+        // The bytes of this line within its row and the rows after it.
+        const std::vector<float>& cache = jk >= 0 ? c.k : c.v;
+        std::vector<int64_t>& covered = jk >= 0 ? covered_k : covered_v;
+        for (int64_t b = 0; b < 64; ++b) {
+          if (const int j = row_of(cache, line + b); j >= 0) ++covered[j - first];
+        }
+      }
+      for (int32_t j = first; j < last; ++j) {
+        EXPECT_GE(covered_k[j - first], row_bytes) << "key row " << j << " dim " << dim;
+        EXPECT_GE(covered_v[j - first], row_bytes) << "value row " << j << " dim " << dim;
+      }
+      // Whole lines per run of rows contiguous in a block (at most 9 runs
+      // per cache here), and no more.
+      EXPECT_LE(static_cast<int64_t>(lines.size()), 2 * ((last - first) * row_bytes / 64 + 9));
+    }
+  }
+}
+
+// Spread over `visits` visits, the lines are all asked for by the last.
+TEST(RowPrefetcherTest, VisitsAskForEveryLineByTheLastVisit) {
+  const Cache c(64, 2);
+  RowPrefetcher ahead;
+  EXPECT_FALSE(ahead.active());
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 5, 70, 9 * 2 * 65);
+  for (int i = 0; i + 1 < 9 * 2 * 65; ++i) ahead.Visit(1);
+  ahead.Visit(1);
+  EXPECT_FALSE(ahead.active());
+  EXPECT_EQ(ahead.NextLine(), nullptr);
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 5, 70, 10);
+  ahead.Clear();
+  EXPECT_FALSE(ahead.active());
+  EXPECT_EQ(ahead.NextLine(), nullptr);
+}
 
 }  // namespace
 }  // namespace tandem::worker::cpu

@@ -107,6 +107,7 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   grain = std::max<int64_t>(1, grain);
   const int64_t target = std::min({count / grain, int64_t{num_threads_} * kUnitsPerThread, kMaxUnits});
   if (num_threads_ == 1 || target < 2) {
+    units_ = 0;  // inline: OwnerOf says 0
     fn(0, count, 0);
     return;
   }
@@ -116,6 +117,7 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   // (SiluMul's grain of 4096 floats) gets the same bits whatever the split.
   unit_ = ((count + target - 1) / target + grain - 1) / grain * grain;
   const int64_t units = (count + unit_ - 1) / unit_;
+  units_ = units;
   fn_ = &fn;
   count_ = count;
   pending_.store(units, std::memory_order_relaxed);
@@ -142,6 +144,16 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
     ++stat_loops_;
     stat_loop_ticks_ += __rdtsc() - start;
   }
+}
+
+int32_t ThreadPool::OwnerOf(int64_t item) const {
+  if (units_ == 0) return 0;
+  // Thread t's range is units [units * t / threads, units * (t + 1) / threads).
+  const int64_t unit = item / unit_;
+  int32_t t = static_cast<int32_t>(unit * num_threads_ / units_);
+  while (t + 1 < num_threads_ && units_ * (t + 1) / num_threads_ <= unit) ++t;
+  while (t > 0 && units_ * t / num_threads_ > unit) --t;
+  return t;
 }
 
 ThreadPool::Stats ThreadPool::stats() const {

@@ -81,6 +81,12 @@ class ThreadPool {
                    const std::function<void(int64_t begin, int64_t end, int32_t thread)>& fn)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Inside the current loop's fn only: the thread whose own range holds
+  // `item`, which runs it unless another thread has taken it (a loop
+  // small enough to run inline is thread 0's). A thread can ask for the
+  // inputs of an item it will likely run next.
+  int32_t OwnerOf(int64_t item) const;
+
  private:
   void WorkerLoop(int32_t thread) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs units of loop `generation`, its own range's and then the others',
@@ -129,6 +135,7 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t, int32_t)>* fn_ = nullptr;
   int64_t count_ = 0;
   int64_t unit_ = 1;
+  int64_t units_ = 1;  // the current loop's units; 0 when it runs inline
   std::atomic<bool> stats_on_{false};
   struct alignas(64) Ticks {
     std::atomic<uint64_t> busy{0};

@@ -120,7 +120,11 @@ TEST(ThreadPoolTest, LoopsFinishWithoutAHeldThreadThatLaterArrivesHarmlessly) {
 TEST(ThreadPoolTest, LessThanTwoUnitsRunsInlineOnTheCaller) {
   ThreadPool pool(4);
   std::vector<std::vector<int64_t>> calls;  // begin, end, thread
-  pool.ParallelFor(15, 8, [&](int64_t begin, int64_t end, int32_t thread) { calls.push_back({begin, end, thread}); });
+  pool.ParallelFor(15, 8, [&](int64_t begin, int64_t end, int32_t thread) {
+    calls.push_back({begin, end, thread});
+    EXPECT_EQ(pool.OwnerOf(begin), 0);
+    EXPECT_EQ(pool.OwnerOf(end - 1), 0);
+  });
   EXPECT_EQ(calls, (std::vector<std::vector<int64_t>>{{0, 15, 0}}));
 }
 
@@ -131,9 +135,19 @@ TEST(ThreadPoolTest, TheCallerRunsItsRangeInOrderThenTakesTheOthersFromTheBack) 
   absl::Notification release;
   ThreadPool pool(2, [&](int32_t) { release.WaitForNotification(); });
   std::vector<int64_t> begins;
-  pool.ParallelFor(32 * ThreadPool::kUnitsPerThread, 1,
-                   [&](int64_t begin, int64_t, int32_t thread) { if (thread == 0) begins.push_back(begin); });
+  std::vector<int32_t> owners;  // OwnerOf each unit's first and last item
+  pool.ParallelFor(32 * ThreadPool::kUnitsPerThread, 1, [&](int64_t begin, int64_t end, int32_t thread) {
+    if (thread != 0) return;
+    begins.push_back(begin);
+    owners.push_back(pool.OwnerOf(begin));
+    owners.push_back(pool.OwnerOf(end - 1));
+  });
   release.Notify();
+  // OwnerOf names the range each unit came from: the caller's, then the
+  // pool thread's that it took.
+  std::vector<int32_t> expected_owners(32, 0);
+  expected_owners.resize(64, 1);
+  EXPECT_EQ(owners, expected_owners);
   // 32 units of 16 items: 0..15 the caller's, 16..31 the pool thread's.
   std::vector<int64_t> expected;
   for (int64_t unit = 0; unit < 16; ++unit) expected.push_back(unit * 16);
