@@ -107,14 +107,15 @@ absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, Attentio
         PrefetchRows(p.cache.k, table, p.block_size, kv_width, first, last);
         PrefetchRows(p.cache.v, table, p.block_size, kv_width, first, last);
       }
-      if (item + 1 < items && pool.OwnerOf(item + 1) == thread && decode(item_token(item + 1))) {
+      ahead.Clear();
+      s.ahead_item[thread] = -1;
+      if (item + 1 < items && pool.OwnerOf(item + 1) == thread) {
         const ItemRows next = item_rows(item + 1);
-        ahead.Reset(p.cache.k, p.cache.v, next.table, p.block_size, kv_width, next.first, next.last,
-                    int64_t{2} * p.num_heads * (last - first));
-        s.ahead_item[thread] = item + 1;
-      } else {
-        ahead.Clear();
-        s.ahead_item[thread] = -1;
+        if (decode(next.token)) {
+          ahead.Reset(p.cache.k, p.cache.v, next.table, p.block_size, kv_width, next.first, next.last,
+                      int64_t{2} * p.num_heads * (last - first));
+          s.ahead_item[thread] = item + 1;
+        }
       }
       for (int32_t head = 0; head < p.num_heads; ++head) {
         const int64_t head_offset = int64_t{head / group} * dim;

@@ -33,8 +33,9 @@ struct PagedRows {
 // other rows are being computed on. Asked for in one burst, scattered rows
 // stall the core once its outstanding misses are at their limit, and the
 // burst's time adds to the arithmetic's; spread over the current work's
-// loads the two overlap (BM_Attention/1/640 and /16/640 took 10-16% less
-// time, A/B on the 2-core VM of the README's figures).
+// loads the two overlap (BM_Attention/1/640 took 20% less time and /16/640
+// 16% less, A/B on the 2-core VM of the README's figures). The burst stays
+// where rows are needed at once (cpu_attention.cc's PrefetchRows).
 class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, written per row
  public:
   // Nothing to ask for.
