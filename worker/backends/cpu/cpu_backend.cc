@@ -82,17 +82,18 @@ absl::StatusOr<Weight> CpuBackend::LoadWeight(const gguf::GgufTensor& tensor) {
   w.rows = tensor.shape[1];
   const auto type = static_cast<int32_t>(tensor.type);
   if (cpu::IsQuantizedFormat(type) && w.cols % 32 == 0) {
-    // Kept quantized, packed in groups of rows as the kernels read them, the
-    // matrices one after the other in huge pages.
+    // Kept quantized, packed in pairs of groups of rows as the kernels read
+    // them (runs of whole pairs in parallel), the matrices one after the
+    // other in huge pages.
     const auto bytes = static_cast<size_t>(cpu::PackedWeightBytes(type, w.rows, w.cols));
     w.buffer = weight_arena_.Allocate(bytes);
     if (w.buffer == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
     auto* out = w.buffer->as<uint8_t>();
     const int64_t row_bytes = cpu::QuantizedRowBytes(type, w.cols);
-    const int64_t groups = (w.rows + cpu::kGroupRows - 1) / cpu::kGroupRows;
-    pool_.ParallelFor(groups, 16, [&](int64_t begin, int64_t end, int32_t) {
-      const int64_t first = begin * cpu::kGroupRows;
-      const int64_t rows = std::min(w.rows, end * cpu::kGroupRows) - first;
+    const int64_t pairs = (w.rows + cpu::kPackRows - 1) / cpu::kPackRows;
+    pool_.ParallelFor(pairs, 8, [&](int64_t begin, int64_t end, int32_t) {
+      const int64_t first = begin * cpu::kPackRows;
+      const int64_t rows = std::min(w.rows, end * cpu::kPackRows) - first;
       cpu::PackWeightRows(type, tensor.data + first * row_bytes, rows, w.cols, out + first * row_bytes);
     });
     w.format = type;

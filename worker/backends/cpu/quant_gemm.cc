@@ -55,6 +55,14 @@ void BlockInts(int32_t type, const uint8_t* block, int32_t* out) {
 // f16 fields per row and block: d, and Q4_1's m.
 int HalfFields(int32_t type) { return type == portable::kGgmlQ4_1 ? 2 : 1; }
 
+// Where group g (rows 8g..8g+7) of packed weights of `row_bytes` a row
+// starts: pairs of groups (kPackRows rows) one after the other, a pair's
+// blocks interleaved, so group g's block b sits at the start + 2 b *
+// `group_block_bytes` (kGroupStride).
+inline int64_t GroupOffset(int64_t g, int64_t row_bytes, int64_t group_block_bytes) {
+  return g / 2 * kPackRows * row_bytes + g % 2 * group_block_bytes;
+}
+
 // Where element e (0..31) of row j of a packed group block sits among the
 // kernels' eight 32-byte weight vectors: vector q = e / 4, byte i. Lane j of
 // vector q holds row j's quad 4q..4q+3, so one vpdpbusd against x's quad q
@@ -161,6 +169,9 @@ constexpr int64_t kBlockBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0
 // Bytes of one block of a packed group (kGroupRows rows) and of its header.
 template <int32_t kType>
 constexpr int64_t kGroupBlockBytes = kGroupRows * kBlockBytes<kType>;
+// From one block of a group to its next: past the other group of its pair.
+template <int32_t kType>
+constexpr int64_t kGroupStride = 2 * kGroupBlockBytes<kType>;
 template <int32_t kType>
 constexpr int64_t kHeaderBytes = 2 * kGroupRows * (kType == portable::kGgmlQ4_1 ? 2 : 1);
 
@@ -234,15 +245,21 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i SumsStart(const Quantize
   return _mm256_setzero_si256();
 }
 
+// x's quad broadcast as vector v's products take it: for Q8_0 without VNNI,
+// with the signs of v's weights.
+template <int32_t kType, bool kVnni>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i SignedQuad(__m256i quad, const WeightVector& v) {
+  if constexpr (kType == portable::kGgmlQ8_0 && !kVnni) return _mm256_sign_epi8(quad, v.w);
+  return quad;
+}
+
 // sums + the products of weight vector q and quad q of x block `xb`.
 template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) inline __m256i AddQuad(__m256i sums, const WeightVector& v,
                                                                 const int8_t* xb, int q) {
   int32_t quad;
   std::memcpy(&quad, xb + 4 * q, 4);
-  __m256i s = _mm256_set1_epi32(quad);
-  if constexpr (kType == portable::kGgmlQ8_0 && !kVnni) s = _mm256_sign_epi8(s, v.w);
-  return DotAdd<kVnni>(sums, v.u, s);
+  return DotAdd<kVnni>(sums, v.u, SignedQuad<kType, kVnni>(_mm256_set1_epi32(quad), v));
 }
 
 // y[0..7] = acc + Q4_1's min terms (zero for the others), as the reference
@@ -255,47 +272,66 @@ __attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m2
 
 // ---------------------------------------------------------------- AVX2, one row
 
-// y[j] (+)= dot(x row i0, row j of the packed group w) for j < 8, for a
-// decode's GEMV. Per block: the header's scales (and Q4_1's mins) converted
-// by one instruction each, d_w * d_x by one multiply, Q4_1's min term
-// accumulated in the same pass; eight integer products against x's quads
-// broadcast, one conversion and one fma for the eight rows. The same
-// integers, fma per block and min term as TileAvx2, so the same bits.
-template <int32_t kType, bool kVnni>
+// y[8 g + j] (+)= dot(x row i0, row j of group g) for j < 8 and g <
+// kGroups, w the start of a pair of groups (or of one group if kGroups is
+// 1), for a decode's GEMV. Per block: the header's scales (and Q4_1's mins)
+// converted by one instruction each, d_w * d_x by one multiply, Q4_1's min
+// term accumulated in the same pass; eight integer products against x's
+// quads broadcast, one conversion and one fma for the eight rows. A pair's
+// two groups share each broadcast quad and are read as one linear stream
+// (their blocks interleave): the kernel is bound by its loads, and one
+// group at a time reached 44 GB/s a core in L2; a pair read as two streams
+// lost a fifth from DRAM. The same integers, fma per block and min term as
+// TileAvx2, so the same bits.
+template <int32_t kType, bool kVnni, int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
   constexpr int64_t kBytes = kGroupBlockBytes<kType>;
+  constexpr int64_t kStride = kGroupStride<kType>;
   const int64_t nb = x.k / kBlock;
-  // The next group (eight rows ahead, as two groups of four were), a block's
-  // lines per block: from DRAM the hardware prefetcher alone left one thread
-  // at 8-10 GB/s on a linear stream (4 KiB pages); with this 12-14.
-  const uint8_t* ahead = w + kGroupRows * QuantizedRowBytes(kType, x.k);
+  // The next pair, this call's lines of it per block: from DRAM the
+  // hardware prefetcher alone left one thread at 8-10 GB/s on a linear
+  // stream (4 KiB pages); with this 12-14.
+  const uint8_t* ahead = w + kPackRows * QuantizedRowBytes(kType, x.k);
   const int8_t* xq = x.q.data() + i0 * x.k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xsum = x.s.data() + i0 * nb;
-  __m256 acc = _mm256_setzero_ps();
-  __m256 min = _mm256_setzero_ps();
+  __m256 acc[kGroups], min[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = min[g] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* block = w + b * kBytes;
+    const uint8_t* block = w + b * kStride;  // group g's at + g * kBytes
     // Points 64 bytes apart or less over the whole stream touch every line.
 #pragma GCC unroll 8
-    for (int64_t line = 0; line < (kBytes + 63) / 64; ++line) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kBytes + 64 * line), _MM_HINT_T0);
+    for (int64_t line = 0; line < (kGroups * kBytes + 63) / 64; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kStride + 64 * line), _MM_HINT_T0);
     }
-    const __m256 scale = _mm256_mul_ps(LoadGroupScales(block), _mm256_set1_ps(xd[b]));
-    if constexpr (kType == portable::kGgmlQ4_1) min = _mm256_fmadd_ps(LoadGroupMins(block), _mm256_set1_ps(xsum[b]), min);
+    __m256i sums[kGroups];
+    for (int g = 0; g < kGroups; ++g) sums[g] = SumsStart<kType, kVnni>(x, i0 * nb + b);
     const int8_t* xb = xq + b * kBlock;
-    __m256i sums = SumsStart<kType, kVnni>(x, i0 * nb + b);
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
-      WeightVector v[2];
-      LoadWeightPair<kType, kVnni>(block, p, v);
-      sums = AddQuad<kType, kVnni>(sums, v[0], xb, 2 * p);
-      sums = AddQuad<kType, kVnni>(sums, v[1], xb, 2 * p + 1);
+      int32_t quads[2];
+      std::memcpy(quads, xb + 8 * p, 8);
+      const __m256i s0 = _mm256_set1_epi32(quads[0]);
+      const __m256i s1 = _mm256_set1_epi32(quads[1]);
+#pragma GCC unroll 2
+      for (int g = 0; g < kGroups; ++g) {
+        WeightVector v[2];
+        LoadWeightPair<kType, kVnni>(block + g * kBytes, p, v);
+        sums[g] = DotAdd<kVnni>(sums[g], v[0].u, SignedQuad<kType, kVnni>(s0, v[0]));
+        sums[g] = DotAdd<kVnni>(sums[g], v[1].u, SignedQuad<kType, kVnni>(s1, v[1]));
+      }
     }
-    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc);
+#pragma GCC unroll 2
+    for (int g = 0; g < kGroups; ++g) {
+      const __m256 scale = _mm256_mul_ps(LoadGroupScales(block + g * kBytes), _mm256_set1_ps(xd[b]));
+      if constexpr (kType == portable::kGgmlQ4_1) {
+        min[g] = _mm256_fmadd_ps(LoadGroupMins(block + g * kBytes), _mm256_set1_ps(xsum[b]), min[g]);
+      }
+      acc[g] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums[g]), acc[g]);
+    }
   }
-  StoreGroup(acc, min, y, accumulate);
+  for (int g = 0; g < kGroups; ++g) StoreGroup(acc[g], min[g], y + kGroupRows * g, accumulate);
 }
 
 // ---------------------------------------------------------------- AVX2, many rows
@@ -314,7 +350,6 @@ constexpr int64_t kVectorBytes = 8 * 32;  // a block's eight weight vectors
 
 template <int32_t kType, bool kVnni>
 __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, int64_t nb, PackedGroup* g) {
-  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   if (g->u.size() < static_cast<size_t>(nb * kVectorBytes)) {
     g->u.resize(nb * kVectorBytes);
     g->w.resize(nb * kVectorBytes);
@@ -322,7 +357,7 @@ __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, in
     g->m.resize(nb * kGroupRows);
   }
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* block = w + b * kBytes;
+    const uint8_t* block = w + b * kGroupStride<kType>;
     _mm256_storeu_ps(g->d.data() + b * kGroupRows, LoadGroupScales(block));
     if (kType == portable::kGgmlQ4_1) _mm256_storeu_ps(g->m.data() + b * kGroupRows, LoadGroupMins(block));
     for (int p = 0; p < 4; ++p) {
@@ -347,7 +382,6 @@ __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, in
 template <int32_t kType, int MR, bool kVnni, bool kPacked>
 __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                    const PackedGroup* g, float* y, int64_t ldy, bool accumulate) {
-  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   const int64_t k = x.k;
   const int64_t nb = k / kBlock;
   const int8_t* xq = x.q.data() + i0 * k;
@@ -358,7 +392,7 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   for (int i = 0; i < MR; ++i) acc[i] = min[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = nullptr;  // unpacked from w unless kPacked
-    if constexpr (!kPacked) block = w + b * kBytes;
+    if constexpr (!kPacked) block = w + b * kGroupStride<kType>;
     __m256i sums[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) sums[i] = SumsStart<kType, kVnni>(x, (i0 + i) * nb + b);
@@ -408,12 +442,12 @@ __attribute__((target("avx2,fma,f16c"))) void RaggedGroupAvx2(const QuantizedRow
   for (int64_t i = i_begin; i < i_end; ++i) {
     float out[kGroupRows] = {};
     if (accumulate) std::copy(y + i * ldy, y + i * ldy + rows, out);
-    GemvGroupAvx2<kType, kVnni>(x, i, w, out, accumulate);
+    GemvGroupAvx2<kType, kVnni, 1>(x, i, w, out, accumulate);
     std::copy(out, out + rows, y + i * ldy);
   }
 }
 
-// Rows [i_begin, i_end) of x against `rows` packed weight rows (from a group
+// Rows [i_begin, i_end) of x against `rows` packed weight rows (from a pair
 // boundary), in chunks of x rows that stay in L2 while each group of weight
 // rows passes over them.
 template <int32_t kType, bool kVnni>
@@ -425,13 +459,14 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
   // unpacked once for the chunk (PackedGroup) rather than once per tile.
   constexpr int64_t kPackedMinRows = 6;
   const int64_t full = rows / kGroupRows * kGroupRows;
+  auto group_at = [&](int64_t j) { return w + GroupOffset(j / kGroupRows, row_bytes, kGroupBlockBytes<kType>); };
   const int64_t chunk = std::max<int64_t>(kMR, kChunkBytes / x.k / kMR * kMR);
   for (int64_t c = i_begin; c < i_end; c += chunk) {
     const int64_t c_end = std::min(i_end, c + chunk);
     if (c_end - c >= kPackedMinRows) {
       thread_local PackedGroup group;
       for (int64_t j = 0; j < full; j += kGroupRows) {
-        PackGroupAvx2<kType, kVnni>(w + j * row_bytes, x.k / kBlock, &group);
+        PackGroupAvx2<kType, kVnni>(group_at(j), x.k / kBlock, &group);
         int64_t i = c;
         for (; i + kMR <= c_end; i += kMR) {
           TileAvx2<kType, kMR, kVnni, true>(x, i, nullptr, &group, y + i * ldy + j, ldy, accumulate);
@@ -439,16 +474,22 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
         for (; i < c_end; ++i) TileAvx2<kType, 1, kVnni, true>(x, i, nullptr, &group, y + i * ldy + j, ldy, accumulate);
       }
     } else {
+      const int64_t tiled = c + (c_end - c) / kMR * kMR;
       for (int64_t j = 0; j < full; j += kGroupRows) {
-        const uint8_t* wj = w + j * row_bytes;
-        int64_t i = c;
-        for (; i + kMR <= c_end; i += kMR) {
-          TileAvx2<kType, kMR, kVnni, false>(x, i, wj, nullptr, y + i * ldy + j, ldy, accumulate);
+        for (int64_t i = c; i < tiled; i += kMR) {
+          TileAvx2<kType, kMR, kVnni, false>(x, i, group_at(j), nullptr, y + i * ldy + j, ldy, accumulate);
         }
-        for (; i < c_end; ++i) GemvGroupAvx2<kType, kVnni>(x, i, wj, y + i * ldy + j, accumulate);
+      }
+      // The rows left over from tiles, a pair of groups at a time.
+      for (int64_t i = tiled; i < c_end; ++i) {
+        int64_t j = 0;
+        for (; j + kPackRows <= full; j += kPackRows) {
+          GemvGroupAvx2<kType, kVnni, 2>(x, i, group_at(j), y + i * ldy + j, accumulate);
+        }
+        if (j < full) GemvGroupAvx2<kType, kVnni, 1>(x, i, group_at(j), y + i * ldy + j, accumulate);
       }
     }
-    if (full < rows) RaggedGroupAvx2<kType, kVnni>(x, c, c_end, w + full * row_bytes, rows - full, y + full, ldy, accumulate);
+    if (full < rows) RaggedGroupAvx2<kType, kVnni>(x, c, c_end, group_at(full), rows - full, y + full, ldy, accumulate);
   }
 }
 
@@ -529,12 +570,12 @@ const Dispatch& Table() {
   return t != nullptr ? *t : *Best();
 }
 
-// Weight rows per task: few rows for few rows of x, so that a decode's
-// small matrices still split over every thread.
+// Weight rows per task, whole pairs of groups: few rows for few rows of x,
+// so that a decode's small matrices still split over every thread.
 int64_t RowsPerTask(int64_t m, int64_t n, int32_t threads) {
-  const int64_t rows = m <= 4 ? 16 : 64;
+  const int64_t rows = m <= 4 ? kPackRows : 64;
   const int64_t balanced = (n + 4 * threads - 1) / (4 * threads);
-  return std::max<int64_t>(kGroupRows, std::min(rows, (balanced + kGroupRows - 1) / kGroupRows * kGroupRows));
+  return std::max<int64_t>(kPackRows, std::min(rows, (balanced + kPackRows - 1) / kPackRows * kPackRows));
 }
 
 }  // namespace
@@ -546,26 +587,32 @@ bool IsQuantizedFormat(int32_t type) {
 int64_t QuantizedRowBytes(int32_t type, int64_t k) { return k / kBlock * BlockBytes(type); }
 
 int64_t PackedWeightBytes(int32_t type, int64_t n, int64_t k) {
-  return (n + kGroupRows - 1) / kGroupRows * kGroupRows * QuantizedRowBytes(type, k);
+  return (n + kPackRows - 1) / kPackRows * kPackRows * QuantizedRowBytes(type, k);
 }
 
 void PackWeightRows(int32_t type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* out) {
   const int64_t bytes = BlockBytes(type);
   const int64_t row_bytes = QuantizedRowBytes(type, k);
-  for (int64_t g = 0; g < n; g += kGroupRows) {
+  // Every group of the last pair, padding included.
+  const int64_t groups = (n + kPackRows - 1) / kPackRows * 2;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* group = out + GroupOffset(g, row_bytes, kGroupRows * bytes);
     for (int64_t b = 0; b < k / kBlock; ++b) {
       const uint8_t* src[kGroupRows];
-      for (int j = 0; j < kGroupRows; ++j) src[j] = g + j < n ? rows + (g + j) * row_bytes + b * bytes : nullptr;
-      PackBlock(type, src, out + g * row_bytes + b * kGroupRows * bytes);
+      for (int j = 0; j < kGroupRows; ++j) {
+        const int64_t r = kGroupRows * g + j;
+        src[j] = r < n ? rows + r * row_bytes + b * bytes : nullptr;
+      }
+      PackBlock(type, src, group + b * 2 * kGroupRows * bytes);
     }
   }
 }
 
 void UnpackWeightRow(int32_t type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* out) {
   const int64_t bytes = BlockBytes(type);
-  const uint8_t* group = packed + (row - row % kGroupRows) * QuantizedRowBytes(type, k);
+  const uint8_t* group = packed + GroupOffset(row / kGroupRows, QuantizedRowBytes(type, k), kGroupRows * bytes);
   for (int64_t b = 0; b < k / kBlock; ++b) {
-    UnpackBlock(type, group + b * kGroupRows * bytes, static_cast<int>(row % kGroupRows), out + b * bytes);
+    UnpackBlock(type, group + b * 2 * kGroupRows * bytes, static_cast<int>(row % kGroupRows), out + b * bytes);
   }
 }
 

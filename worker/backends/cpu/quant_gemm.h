@@ -21,16 +21,17 @@
 // bit and do not depend on the rows of x beside a row (batch invariance).
 //
 // The kernels read weights packed at load (PackWeightRows) in groups of
-// kGroupRows (8) rows: per 32-element block, the group's eight f16 scales
-// (then Q4_1's eight f16 mins) side by side, then the rows' weights as eight
-// 32-byte vectors, vector q's 4-byte lane j holding row j's elements
+// kGroupRows (8) rows, and the groups in pairs (kPackRows rows) whose blocks
+// interleave: per 32-element block, the first group's block, then the
+// second's. A group's block: its eight f16 scales (then Q4_1's eight f16
+// mins) side by side, then the rows' weights as eight 32-byte vectors, vector q's 4-byte lane j holding row j's elements
 // 4q..4q+3: Q8_0's eight vectors in turn, Q4's four 32-byte runs, vectors 2p
 // and 2p + 1 in the low and high nibbles of run p. Against x's quad q
 // broadcast (one load), one vpdpbusd adds a quad of products to every row's
 // lane: after eight, each lane holds its row's block sum, and one conversion
 // and one fma serve the eight rows. The same bytes as the GGUF blocks (a
-// group is eight rows' worth; a last partial group is padded with zero
-// rows), read as one linear stream.
+// pair is sixteen rows' worth; a last partial pair is padded with zero
+// rows); a decode's GEMV reads a pair, sixteen rows, as one linear stream.
 //
 // Thread-compatible: one caller at a time per pool and per scratch.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_QUANT_GEMM_H_
@@ -48,13 +49,15 @@ bool IsQuantizedFormat(int32_t ggml_type);
 // Bytes of one weight row of `k` elements. REQUIRES: IsQuantizedFormat, k % 32 == 0.
 int64_t QuantizedRowBytes(int32_t ggml_type, int64_t k);
 
-// Weight rows per packed group.
+// Weight rows per packed group, and per pair of groups.
 inline constexpr int64_t kGroupRows = 8;
-// Bytes of n rows of `k` elements packed (n rounded up to a whole group).
+inline constexpr int64_t kPackRows = 2 * kGroupRows;
+// Bytes of n rows of `k` elements packed (n rounded up to a whole pair).
 int64_t PackedWeightBytes(int32_t ggml_type, int64_t n, int64_t k);
 // Packs n GGUF rows of `k` elements (n * QuantizedRowBytes bytes at `rows`)
-// into `out` (PackedWeightBytes). Row j's group starts at out + (j - j % 4) *
-// QuantizedRowBytes, as row j would unpacked.
+// into `out` (PackedWeightBytes). Row j's pair starts at out + (j - j % 16) *
+// QuantizedRowBytes, as row j - j % 16 would unpacked, so a matrix packs as
+// independent runs of whole pairs.
 void PackWeightRows(int32_t ggml_type, const uint8_t* rows, int64_t n, int64_t k, uint8_t* out);
 // Row `row` of packed weights back in its GGUF blocks (QuantizedRowBytes at `out`).
 void UnpackWeightRow(int32_t ggml_type, const uint8_t* packed, int64_t k, int64_t row, uint8_t* out);

@@ -122,7 +122,7 @@ void QuantGemmTest::ExpectEveryShapeEqualsTheReference() {
     // m = 40: more rows than one chunk of x at k = 576 and 1280.
     for (int64_t k : {32, 96, 576, 1280}) {
       for (int64_t m : {1, 2, 3, 4, 5, 7, 40}) {
-        for (int64_t n : {1, 3, 4, 5, 17, 67}) {
+        for (int64_t n : {1, 3, 4, 5, 17, 29, 67}) {
           ExpectReferenceBits(pool, rng, m, n, k);
           if (HasFatalFailure()) return;
         }
@@ -192,20 +192,28 @@ TEST_P(QuantGemmTest, FloatPathEqualsTheFloatGemmOfExpandedWeights) {
 }
 
 TEST_P(QuantGemmTest, PackingKeepsEveryRowsBlocks) {
-  // Every row unpacks to its GGUF bytes, a partial last group included, and
-  // the packed size is the rows' own rounded up to whole groups.
+  // Every row unpacks to its GGUF bytes, a partial last pair of groups
+  // included, the packed size is the rows' own rounded up to whole pairs,
+  // and packing runs of whole pairs one after the other (as the backend does
+  // in parallel) gives the same bytes as packing all rows at once.
   std::mt19937 rng(6);
   const int64_t k = 96;
   const int64_t row_bytes = QuantizedRowBytes(type(), k);
-  for (int64_t n : {1, 3, 4, 5, 8, 11, 16, 19}) {
+  for (int64_t n : {1, 3, 4, 5, 8, 11, 16, 19, 27, 32, 45}) {
     std::vector<float> dense;
     const std::vector<uint8_t> w = RandomWeights(rng, GetParam(), n, k, &dense);
     const std::vector<uint8_t> packed = Pack(w, n, k);
-    EXPECT_EQ(static_cast<int64_t>(packed.size()), (n + kGroupRows - 1) / kGroupRows * kGroupRows * row_bytes);
+    EXPECT_EQ(static_cast<int64_t>(packed.size()), (n + kPackRows - 1) / kPackRows * kPackRows * row_bytes);
     std::vector<uint8_t> row(row_bytes);
     for (int64_t j = 0; j < n; ++j) {
       UnpackWeightRow(type(), packed.data(), k, j, row.data());
       EXPECT_EQ(std::memcmp(row.data(), w.data() + j * row_bytes, row_bytes), 0) << "n=" << n << " row " << j;
+    }
+    if (n > kPackRows) {
+      std::vector<uint8_t> runs(packed.size(), 0x5a);
+      PackWeightRows(type(), w.data(), kPackRows, k, runs.data());
+      PackWeightRows(type(), w.data() + kPackRows * row_bytes, n - kPackRows, k, runs.data() + kPackRows * row_bytes);
+      EXPECT_EQ(runs, packed) << "n=" << n;
     }
   }
 }
