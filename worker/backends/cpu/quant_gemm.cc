@@ -55,12 +55,18 @@ void BlockInts(int32_t type, const uint8_t* block, int32_t* out) {
 // f16 fields per row and block: d, and Q4_1's m.
 int HalfFields(int32_t type) { return type == portable::kGgmlQ4_1 ? 2 : 1; }
 
+// Groups per pair.
+constexpr int64_t kPairGroups = kPackRows / kGroupRows;
+
+// Bytes from one block of a group to its next, `group_block_bytes` being a
+// group's block (kGroupRows rows): past the other group of its pair.
+constexpr int64_t GroupStride(int64_t group_block_bytes) { return kPairGroups * group_block_bytes; }
+
 // Where group g (rows 8g..8g+7) of packed weights of `row_bytes` a row
-// starts: pairs of groups (kPackRows rows) one after the other, a pair's
-// blocks interleaved, so group g's block b sits at the start + 2 b *
-// `group_block_bytes` (kGroupStride).
+// starts: pairs of groups one after the other, a pair's blocks interleaved,
+// so group g's block b sits at the start + b * GroupStride.
 inline int64_t GroupOffset(int64_t g, int64_t row_bytes, int64_t group_block_bytes) {
-  return g / 2 * kPackRows * row_bytes + g % 2 * group_block_bytes;
+  return g / kPairGroups * kPackRows * row_bytes + g % kPairGroups * group_block_bytes;
 }
 
 // Where element e (0..31) of row j of a packed group block sits among the
@@ -169,9 +175,8 @@ constexpr int64_t kBlockBytes = kType == portable::kGgmlQ8_0   ? portable::kQ8_0
 // Bytes of one block of a packed group (kGroupRows rows) and of its header.
 template <int32_t kType>
 constexpr int64_t kGroupBlockBytes = kGroupRows * kBlockBytes<kType>;
-// From one block of a group to its next: past the other group of its pair.
 template <int32_t kType>
-constexpr int64_t kGroupStride = 2 * kGroupBlockBytes<kType>;
+constexpr int64_t kGroupStride = GroupStride(kGroupBlockBytes<kType>);
 template <int32_t kType>
 constexpr int64_t kHeaderBytes = 2 * kGroupRows * (kType == portable::kGgmlQ4_1 ? 2 : 1);
 
@@ -594,7 +599,7 @@ void PackWeightRows(int32_t type, const uint8_t* rows, int64_t n, int64_t k, uin
   const int64_t bytes = BlockBytes(type);
   const int64_t row_bytes = QuantizedRowBytes(type, k);
   // Every group of the last pair, padding included.
-  const int64_t groups = (n + kPackRows - 1) / kPackRows * 2;
+  const int64_t groups = (n + kPackRows - 1) / kPackRows * kPairGroups;
   for (int64_t g = 0; g < groups; ++g) {
     uint8_t* group = out + GroupOffset(g, row_bytes, kGroupRows * bytes);
     for (int64_t b = 0; b < k / kBlock; ++b) {
@@ -603,7 +608,7 @@ void PackWeightRows(int32_t type, const uint8_t* rows, int64_t n, int64_t k, uin
         const int64_t r = kGroupRows * g + j;
         src[j] = r < n ? rows + r * row_bytes + b * bytes : nullptr;
       }
-      PackBlock(type, src, group + b * 2 * kGroupRows * bytes);
+      PackBlock(type, src, group + b * GroupStride(kGroupRows * bytes));
     }
   }
 }
@@ -612,7 +617,7 @@ void UnpackWeightRow(int32_t type, const uint8_t* packed, int64_t k, int64_t row
   const int64_t bytes = BlockBytes(type);
   const uint8_t* group = packed + GroupOffset(row / kGroupRows, QuantizedRowBytes(type, k), kGroupRows * bytes);
   for (int64_t b = 0; b < k / kBlock; ++b) {
-    UnpackBlock(type, group + b * 2 * kGroupRows * bytes, static_cast<int>(row % kGroupRows), out + b * bytes);
+    UnpackBlock(type, group + b * GroupStride(kGroupRows * bytes), static_cast<int>(row % kGroupRows), out + b * bytes);
   }
 }
 
