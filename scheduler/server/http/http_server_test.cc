@@ -8,12 +8,14 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -88,6 +90,28 @@ std::unique_ptr<HttpServer> StartServer(Handler handler, size_t max_body = 1 << 
   return StartServer(std::move(handler), std::move(options));
 }
 
+// Threads the handlers start to answer from elsewhere, as the engine does.
+// They are joined before the server is destroyed: a writer used or released
+// after its server is gone touches freed connections (the server's contract,
+// which tandem serve keeps by stopping the engine first). Declare one after
+// the server's unique_ptr and assign the server after it, so that it is
+// joined first whichever way the test ends.
+class HandlerThreads {
+ public:
+  ~HandlerThreads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::thread& t : threads_) t.join();
+  }
+  void Start(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.emplace_back(std::move(fn));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
 // Answers "ok" with the path, at once.
 void Echo(HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
   writer->Respond(200, "text/plain", "ok " + request.path);
@@ -119,16 +143,17 @@ TEST(HttpServerTest, WholeResponsesOnAKeptAliveConnection) {
 }
 
 TEST(HttpServerTest, StreamsChunksByteForByte) {
-  auto server = StartServer([](HttpRequest, std::shared_ptr<ResponseWriter> writer) {
-    // From another thread, as the engine does.
-    std::thread([writer] {
+  std::unique_ptr<HttpServer> server;
+  HandlerThreads handlers;
+  server = StartServer([&handlers](HttpRequest, std::shared_ptr<ResponseWriter> writer) {
+    handlers.Start([writer] {
       writer->StartStream(200, "text/event-stream");
       writer->Write("data: 1\n\n");
       writer->Write("");  // ignored: it would end the stream
       writer->Write(std::string(300, 'x'));
       writer->End();
       writer->Write("too late");
-    }).detach();
+    });
   });
   Client client(server->port());
   client.Send("GET /s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -221,14 +246,16 @@ TEST(HttpServerTest, ManyConcurrentStreamsOnTwoThreads) {
 TEST(HttpServerTest, AConnectionStaysOnOneThreadAndConnectionsShareThePool) {
   std::mutex mu;
   std::map<std::string, std::set<std::thread::id>> threads;  // by connection
-  auto server = StartServer([&](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+  std::unique_ptr<HttpServer> server;
+  HandlerThreads handlers;
+  server = StartServer([&](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
     const std::string connection = request.header("x-connection");
     {
       std::lock_guard<std::mutex> lock(mu);
       threads[connection].insert(std::this_thread::get_id());
     }
     // From another thread, as the engine posts outputs.
-    std::thread([&mu, &threads, connection, writer] {
+    handlers.Start([&mu, &threads, connection, writer] {
       writer->Post([&mu, &threads, connection, writer] {
         {
           std::lock_guard<std::mutex> lock(mu);
@@ -236,7 +263,7 @@ TEST(HttpServerTest, AConnectionStaysOnOneThreadAndConnectionsShareThePool) {
         }
         writer->Respond(200, "text/plain", "ok");
       });
-    }).detach();
+    });
   });
   Client a(server->port()), b(server->port());
   const std::string answer = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
@@ -316,12 +343,14 @@ TEST(HttpServerTest, MalformedRequestsAre400) {
 // Requests sent back to back without waiting are answered in order, also
 // when they arrive in one packet with the first.
 TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
-  auto server = StartServer([](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
+  std::unique_ptr<HttpServer> server;
+  HandlerThreads handlers;
+  server = StartServer([&handlers](HttpRequest request, std::shared_ptr<ResponseWriter> writer) {
     // Later answers would overtake earlier ones if the server let them.
-    std::thread([request = std::move(request), writer] {
+    handlers.Start([request = std::move(request), writer] {
       if (request.path == "/1") std::this_thread::yield();
       writer->Respond(200, "text/plain", request.path + ":" + request.body);
-    }).detach();
+    });
   });
   Client client(server->port());
   client.Send(
