@@ -241,6 +241,13 @@ __attribute__((target("avx2,fma,f16c"))) inline void LoadWeightPair(const uint8_
   }
 }
 
+// Whether the GEMV takes Q4's high nibbles in place (w * 16, masked, not
+// shifted) into sums of their own, shifted back once per block: exact, and
+// one operation a vector fewer. With VNNI only: maddubs' 16-bit pair sums
+// would saturate on 240 * 127 * 2.
+template <int32_t kType, bool kVnni>
+constexpr bool kUnshiftedHigh = kType != portable::kGgmlQ8_0 && kVnni;
+
 // Where a block's integer sums start: -8 * sum(x) for Q4_0's nibbles (w +
 // 8), -128 * sum(x) for Q8_0 as w + 128, else 0.
 template <int32_t kType, bool kVnni>
@@ -286,8 +293,9 @@ __attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m2
 // two groups share each broadcast quad and are read as one linear stream
 // (their blocks interleave): the kernel is bound by its loads, and one
 // group at a time reached 44 GB/s a core in L2; a pair read as two streams
-// lost a fifth from DRAM. The same integers, fma per block and min term as
-// TileAvx2, so the same bits.
+// lost a fifth from DRAM. With VNNI, Q4's high nibbles go in unshifted
+// (kUnshiftedHigh: 7-15% less time in L2). The same integers, fma per block
+// and min term as TileAvx2, so the same bits.
 template <int32_t kType, bool kVnni, int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
@@ -310,8 +318,11 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
     for (int64_t line = 0; line < (kGroups * kBytes + 63) / 64; ++line) {
       _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kStride + 64 * line), _MM_HINT_T0);
     }
-    __m256i sums[kGroups];
-    for (int g = 0; g < kGroups; ++g) sums[g] = SumsStart<kType, kVnni>(x, i0 * nb + b);
+    __m256i sums[kGroups], high[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      sums[g] = SumsStart<kType, kVnni>(x, i0 * nb + b);
+      high[g] = _mm256_setzero_si256();
+    }
     const int8_t* xb = xq + b * kBlock;
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
@@ -321,11 +332,22 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
       const __m256i s1 = _mm256_set1_epi32(quads[1]);
 #pragma GCC unroll 2
       for (int g = 0; g < kGroups; ++g) {
-        WeightVector v[2];
-        LoadWeightPair<kType, kVnni>(block + g * kBytes, p, v);
-        sums[g] = DotAdd<kVnni>(sums[g], v[0].u, SignedQuad<kType, kVnni>(s0, v[0]));
-        sums[g] = DotAdd<kVnni>(sums[g], v[1].u, SignedQuad<kType, kVnni>(s1, v[1]));
+        if constexpr (kUnshiftedHigh<kType, kVnni>) {
+          const __m256i run =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + g * kBytes + kHeaderBytes<kType> + 32 * p));
+          sums[g] = DotAdd<kVnni>(sums[g], _mm256_and_si256(run, _mm256_set1_epi8(0x0f)), s0);
+          high[g] = DotAdd<kVnni>(high[g], _mm256_and_si256(run, _mm256_set1_epi8(static_cast<char>(0xf0))), s1);
+        } else {
+          WeightVector v[2];
+          LoadWeightPair<kType, kVnni>(block + g * kBytes, p, v);
+          sums[g] = DotAdd<kVnni>(sums[g], v[0].u, SignedQuad<kType, kVnni>(s0, v[0]));
+          sums[g] = DotAdd<kVnni>(sums[g], v[1].u, SignedQuad<kType, kVnni>(s1, v[1]));
+        }
       }
+    }
+    if constexpr (kUnshiftedHigh<kType, kVnni>) {
+      // 16 times the high nibbles' sums, exactly: the shift is exact.
+      for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_add_epi32(sums[g], _mm256_srai_epi32(high[g], 4));
     }
 #pragma GCC unroll 2
     for (int g = 0; g < kGroups; ++g) {
