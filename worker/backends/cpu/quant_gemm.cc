@@ -219,8 +219,9 @@ struct WeightVector {
   __m256i w;
 };
 
-// Vectors 2p and 2p + 1 of a group block.
-template <int32_t kType, bool kVnni>
+// Vectors 2p and 2p + 1 of a group block; with kHighInPlace, Q4's high
+// nibbles masked where they are (16 times their value; kUnshiftedHigh).
+template <int32_t kType, bool kVnni, bool kHighInPlace = false>
 __attribute__((target("avx2,fma,f16c"))) inline void LoadWeightPair(const uint8_t* block, int p, WeightVector* v) {
   const uint8_t* payload = block + kHeaderBytes<kType>;
   if constexpr (kType == portable::kGgmlQ8_0) {
@@ -237,7 +238,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void LoadWeightPair(const uint8_
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     const __m256i run = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 32 * p));
     v[0].u = _mm256_and_si256(run, low4);
-    v[1].u = _mm256_and_si256(_mm256_srli_epi16(run, 4), low4);
+    if constexpr (kHighInPlace) {
+      v[1].u = _mm256_andnot_si256(low4, run);
+    } else {
+      v[1].u = _mm256_and_si256(_mm256_srli_epi16(run, 4), low4);
+    }
   }
 }
 
@@ -332,17 +337,11 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
       const __m256i s1 = _mm256_set1_epi32(quads[1]);
 #pragma GCC unroll 2
       for (int g = 0; g < kGroups; ++g) {
-        if constexpr (kUnshiftedHigh<kType, kVnni>) {
-          const __m256i run =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + g * kBytes + kHeaderBytes<kType> + 32 * p));
-          sums[g] = DotAdd<kVnni>(sums[g], _mm256_and_si256(run, _mm256_set1_epi8(0x0f)), s0);
-          high[g] = DotAdd<kVnni>(high[g], _mm256_and_si256(run, _mm256_set1_epi8(static_cast<char>(0xf0))), s1);
-        } else {
-          WeightVector v[2];
-          LoadWeightPair<kType, kVnni>(block + g * kBytes, p, v);
-          sums[g] = DotAdd<kVnni>(sums[g], v[0].u, SignedQuad<kType, kVnni>(s0, v[0]));
-          sums[g] = DotAdd<kVnni>(sums[g], v[1].u, SignedQuad<kType, kVnni>(s1, v[1]));
-        }
+        WeightVector v[2];
+        LoadWeightPair<kType, kVnni, kUnshiftedHigh<kType, kVnni>>(block + g * kBytes, p, v);
+        sums[g] = DotAdd<kVnni>(sums[g], v[0].u, SignedQuad<kType, kVnni>(s0, v[0]));
+        __m256i& odd = kUnshiftedHigh<kType, kVnni> ? high[g] : sums[g];
+        odd = DotAdd<kVnni>(odd, v[1].u, SignedQuad<kType, kVnni>(s1, v[1]));
       }
     }
     if constexpr (kUnshiftedHigh<kType, kVnni>) {
