@@ -36,6 +36,12 @@ struct PagedRows {
 // loads the two overlap (BM_Attention/1/640 took 20% less time and /16/640
 // 16% less, A/B on the 2-core VM of the README's figures). The burst stays
 // where rows are needed at once (cpu_attention.cc's PrefetchRows).
+//
+// Into L2 (prefetcht1), not L1: an item's rows (96 KiB for SmolLM2's 64) are
+// several times L1, so asked for into L1 they evicted the rows the current
+// item was reading (prefetcht1 instead of t0: BM_Decode/16/640 19% less
+// time and /1/640 8% less, medians of three alternated rounds; 128-token
+// decodes, which have one item per thread, unchanged).
 class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, written per row
  public:
   // Nothing to ask for.
@@ -51,7 +57,7 @@ class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, w
     for (int64_t i = int64_t{visits} * lines_per_visit_; i > 0; --i) {
       const char* line = NextLine();
       if (line == nullptr) return;
-      __builtin_prefetch(line, 0, 3);
+      __builtin_prefetch(line, 0, 2);
     }
   }
   // The next line to ask for (its first byte), or null when none is left.
