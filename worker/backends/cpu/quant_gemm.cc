@@ -345,7 +345,8 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
       }
     }
     if constexpr (kUnshiftedHigh<kType, kVnni>) {
-      // 16 times the high nibbles' sums, exactly: the shift is exact.
+      // high holds 16 times the high nibbles' sums (every product a multiple
+      // of 16), so shifting it back is exact.
       for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_add_epi32(sums[g], _mm256_srai_epi32(high[g], 4));
     }
 #pragma GCC unroll 2
