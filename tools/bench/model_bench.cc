@@ -428,7 +428,7 @@ void BM_Attention(benchmark::State& state) {
   // At least the 8 MiB a layer's keys take in `tandem serve` (2 MiB pages,
   // as there), the sequences' blocks scattered over all of it.
   const int32_t blocks = std::max(1 + batch * blocks_per_seq, 700);
-  const int64_t layer_floats = int64_t{blocks} * kBlockSize * kKvHeads * kHeadDim;
+  const int64_t layer_elements = int64_t{blocks} * kBlockSize * kKvHeads * kHeadDim;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   // Each sequence's blocks scattered over the cache, as a running server's are.
@@ -436,16 +436,23 @@ void BM_Attention(benchmark::State& state) {
   std::iota(tables.begin(), tables.end(), 1);
   std::shuffle(tables.begin(), tables.end(), rng);
   tables.resize(batch * blocks_per_seq);
+  // Written as the model writes them (WriteKv), in the backend's element type.
   std::vector<std::unique_ptr<DeviceBuffer>> caches;
-  const int64_t block_floats = int64_t{kBlockSize} * kKvHeads * kHeadDim;
-  for (int32_t i = 0; i < 2 * kLayers; ++i) {
-    auto buffer = backend.Allocate(layer_floats * sizeof(float));
-    TANDEM_CHECK_OK(buffer.status());
-    auto* f = static_cast<float*>((*buffer)->data());
-    for (BlockId b : tables) {
-      for (int64_t j = 0; j < block_floats; ++j) f[b * block_floats + j] = normal(rng);
+  std::vector<float> keys(int64_t{kBlockSize} * kKvHeads * kHeadDim), values(keys.size());
+  std::vector<int64_t> slots(kBlockSize);
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    for (int32_t kv = 0; kv < 2; ++kv) {
+      auto buffer = backend.Allocate(layer_elements * KvElementBytes(backend.kv_type()));
+      TANDEM_CHECK_OK(buffer.status());
+      caches.push_back(std::move(buffer).value());
     }
-    caches.push_back(std::move(buffer).value());
+    const KvCacheLayer cache{caches[2 * layer]->data(), caches[2 * layer + 1]->data(), backend.kv_type()};
+    for (BlockId b : tables) {
+      for (float& f : keys) f = normal(rng);
+      for (float& f : values) f = normal(rng);
+      std::iota(slots.begin(), slots.end(), int64_t{b} * kBlockSize);
+      TANDEM_CHECK_OK(backend.WriteKv({cache, keys.data(), values.data(), slots.data(), kBlockSize, kKvHeads * kHeadDim}));
+    }
   }
   std::vector<int32_t> query_start(batch + 1), seq_lens(batch, context + 1), table_start(batch + 1);
   for (int32_t s = 0; s <= batch; ++s) {
@@ -473,14 +480,13 @@ void BM_Attention(benchmark::State& state) {
   for (int32_t s = 0; s < batch; ++s) seq_lens[s] = context;
   for (auto _ : state) {
     for (int32_t layer = 0; layer < kLayers; ++layer) {
-      p.cache.k = static_cast<float*>(caches[2 * layer]->data());
-      p.cache.v = static_cast<float*>(caches[2 * layer + 1]->data());
+      p.cache = {caches[2 * layer]->data(), caches[2 * layer + 1]->data(), backend.kv_type()};
       TANDEM_CHECK_OK(backend.PagedAttention(p));
     }
   }
   benchmark::DoNotOptimize(out.data());
   state.SetBytesProcessed(state.iterations() * int64_t{kLayers} * batch * context * 2 * kKvHeads * kHeadDim *
-                          int64_t{sizeof(float)});
+                          static_cast<int64_t>(KvElementBytes(backend.kv_type())));
 }
 BENCHMARK(BM_Attention)
     ->Args({1, kContext})

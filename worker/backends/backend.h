@@ -110,10 +110,18 @@ struct RopeParams {
   float freq_scale;            // linear scaling: position * freq_scale
 };
 
-// The paged KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim] each.
+// How a KV cache holds keys and values. A backend chooses (Backend::kv_type):
+// the CPU backend keeps IEEE half floats, which halves the bytes attention
+// reads and doubles the tokens a cache holds; the arithmetic stays float32.
+enum class KvType : uint8_t { kF32, kF16 };
+inline size_t KvElementBytes(KvType type) { return type == KvType::kF16 ? 2 : 4; }
+
+// The paged KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim]
+// elements of `type` each.
 struct KvCacheLayer {
-  float* k;
-  float* v;
+  void* k;
+  void* v;
+  KvType type = KvType::kF32;
 };
 
 struct WriteKvParams {
@@ -243,6 +251,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int32_t num_threads() const = 0;
+  // The element type of the KV caches the model allocates for this backend
+  // and passes to WriteKv and PagedAttention.
+  virtual KvType kv_type() const { return KvType::kF32; }
 
   // --- memory and copies (stream-ordered) ---
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;

@@ -82,13 +82,15 @@ absl::Status LlamaModel::LoadWeights(const gguf::GgufFile& file) {
 }
 
 int64_t LlamaModel::KvBytesPerBlock(int32_t block_size) const {
-  // K and V, float32, per layer of this stage.
-  return int64_t{2} * block_size * config_.num_kv_heads * config_.head_dim * sizeof(float) * num_stage_layers();
+  // K and V, in the backend's element type, per layer of this stage.
+  return int64_t{2} * block_size * config_.num_kv_heads * config_.head_dim *
+         static_cast<int64_t>(KvElementBytes(backend_->kv_type())) * num_stage_layers();
 }
 
 absl::Status LlamaModel::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   const size_t bytes_per_layer =
-      static_cast<size_t>(num_blocks) * block_size * config_.num_kv_heads * config_.head_dim * sizeof(float);
+      static_cast<size_t>(num_blocks) * block_size * config_.num_kv_heads * config_.head_dim *
+      KvElementBytes(backend_->kv_type());
   for (Layer& layer : layers_) {
     TANDEM_ASSIGN_OR_RETURN(layer.k_cache, backend_->Allocate(bytes_per_layer));
     TANDEM_ASSIGN_OR_RETURN(layer.v_cache, backend_->Allocate(bytes_per_layer));
@@ -126,7 +128,7 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   TANDEM_RETURN_IF_ERROR(backend_->MatmulGroup(
       {h, n, 3, {&layer.wq, &layer.wk, &layer.wv}, {q_->as<float>(), k_->as<float>(), v_->as<float>()}}));
   const float freq_scale = c.rope_scaling == gguf::RopeScaling::kLinear ? 1.0f / c.rope_scaling_factor : 1.0f;
-  const KvCacheLayer cache{layer.k_cache->as<float>(), layer.v_cache->as<float>()};
+  const KvCacheLayer cache{layer.k_cache->data(), layer.v_cache->data(), backend_->kv_type()};
   TANDEM_RETURN_IF_ERROR(backend_->RopeWriteKv(
       {q_->as<float>(), k_->as<float>(), in.positions, n, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_dim,
        c.rope_freq_base, freq_scale},

@@ -20,6 +20,7 @@ class ForwardingBackend : public Backend {
 
   std::string name() const override { return inner_->name(); }
   int32_t num_threads() const override { return inner_->num_threads(); }
+  KvType kv_type() const override { return inner_->kv_type(); }
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
   absl::Status Upload(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) override {
     return inner_->Upload(dst, offset, src, bytes);

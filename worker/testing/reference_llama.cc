@@ -87,7 +87,7 @@ void ReferenceLlama::Rope(std::vector<float>& v, int32_t heads, int32_t position
   }
 }
 
-std::vector<std::vector<float>> ReferenceLlama::Logits(absl::Span<const TokenId> tokens) const {
+std::vector<std::vector<float>> ReferenceLlama::Logits(absl::Span<const TokenId> tokens, bool half_kv) const {
   const gguf::LlamaConfig& c = config_;
   const int32_t n = static_cast<int32_t>(tokens.size());
   const int32_t d = c.head_dim;
@@ -105,6 +105,10 @@ std::vector<std::vector<float>> ReferenceLlama::Logits(absl::Span<const TokenId>
       v[t] = MatVec(layer.wv, h);
       Rope(q[t], c.num_heads, t);
       Rope(k[t], c.num_kv_heads, t);
+      if (half_kv) {
+        for (float& f : k[t]) f = gguf::HalfToFloat(gguf::FloatToHalf(f));
+        for (float& f : v[t]) f = gguf::HalfToFloat(gguf::FloatToHalf(f));
+      }
     }
     for (int32_t t = 0; t < n; ++t) {
       std::vector<float> attn(c.num_heads * d, 0.0f);

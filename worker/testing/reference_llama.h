@@ -21,8 +21,10 @@ class ReferenceLlama {
  public:
   static absl::StatusOr<ReferenceLlama> Load(const gguf::GgufFile& file);
 
-  // Logits after each token of `tokens` (row t predicts token t + 1).
-  std::vector<std::vector<float>> Logits(absl::Span<const TokenId> tokens) const;
+  // Logits after each token of `tokens` (row t predicts token t + 1). With
+  // `half_kv`, keys (rotated) and values are rounded to half floats before
+  // attention reads them, as a half-float KV cache stores them.
+  std::vector<std::vector<float>> Logits(absl::Span<const TokenId> tokens, bool half_kv = false) const;
   const gguf::LlamaConfig& config() const { return config_; }
 
  private:

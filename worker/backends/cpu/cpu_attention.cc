@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::worker::cpu {
 namespace {
 
@@ -12,25 +14,24 @@ int32_t SpansOf(int32_t context) { return (context + kSpanRows - 1) / kSpanRows;
 // a third of a row at a time, which alone leaves most of the memory system
 // idle (the lines are scattered by the block table, so the hardware
 // prefetcher does not find them).
-void PrefetchRows(const float* cache, const BlockId* table, int32_t block_size, int32_t kv_width, int32_t first,
+template <typename T>
+void PrefetchRows(const T* cache, const BlockId* table, int32_t block_size, int32_t kv_width, int32_t first,
                   int32_t last) {
   for (int32_t j = first; j < last;) {
     const int32_t blk = j / block_size;
     const int32_t stop = std::min(last, (blk + 1) * block_size);
     const char* from =
         reinterpret_cast<const char*>(cache + (int64_t{table[blk]} * block_size + j % block_size) * kv_width);
-    const char* to = from + int64_t{stop - j} * kv_width * sizeof(float);
+    const char* to = from + int64_t{stop - j} * kv_width * sizeof(T);
     for (; from < to; from += 64) __builtin_prefetch(from, 0, 2);
     j = stop;
   }
 }
 
-}  // namespace
-
-absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, AttentionScratch* scratch) {
-  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
-    return absl::InvalidArgumentError("heads do not divide into kv heads");
-  }
+// PagedAttention over a cache of elements T.
+template <typename T>
+absl::Status Attend(ThreadPool& pool, const AttentionParams& p, const T* k_cache, const T* v_cache,
+                    AttentionScratch* scratch) {
   const int32_t group = p.num_heads / p.num_kv_heads;
   const int32_t tokens = p.query_start[p.num_seqs];
   const int32_t kv_width = p.num_kv_heads * p.head_dim;
@@ -104,22 +105,22 @@ absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, Attentio
       // rows once per query, from the cache after the first: there the
       // visits only cost, 5% of a 512-token prefill).
       if (s.ahead_item[thread] != item) {
-        PrefetchRows(p.cache.k, table, p.block_size, kv_width, first, last);
-        PrefetchRows(p.cache.v, table, p.block_size, kv_width, first, last);
+        PrefetchRows(k_cache, table, p.block_size, kv_width, first, last);
+        PrefetchRows(v_cache, table, p.block_size, kv_width, first, last);
       }
       ahead.Clear();
       s.ahead_item[thread] = -1;
       if (item + 1 < items && pool.OwnerOf(item + 1) == thread) {
         const ItemRows next = item_rows(item + 1);
         if (decode(next.token)) {
-          ahead.Reset(p.cache.k, p.cache.v, next.table, p.block_size, kv_width, next.first, next.last,
-                      int64_t{2} * p.num_heads * (last - first));
+          ahead.Reset(k_cache, v_cache, next.table, p.block_size, kv_width * int64_t{sizeof(T)}, next.first,
+                      next.last, int64_t{2} * p.num_heads * (last - first));
           s.ahead_item[thread] = item + 1;
         }
       }
       for (int32_t head = 0; head < p.num_heads; ++head) {
         const int64_t head_offset = int64_t{head / group} * dim;
-        const PagedRows rows{p.cache.k + head_offset, p.cache.v + head_offset, table, p.block_size, kv_width};
+        const PagedRowsOf<T> rows{k_cache + head_offset, v_cache + head_offset, table, p.block_size, kv_width};
         const float* q = p.q + (int64_t{t} * p.num_heads + head) * dim;
         if (spans == 1) {
           AttendSpan(q, rows, first, last, dim, p.scale, scores.data(), p.out + (int64_t{t} * p.num_heads + head) * dim,
@@ -145,6 +146,22 @@ absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, Attentio
     }
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, AttentionScratch* scratch) {
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError("heads do not divide into kv heads");
+  }
+  if (p.cache.type == KvType::kF32) {
+    return Attend(pool, p, static_cast<const float*>(p.cache.k), static_cast<const float*>(p.cache.v), scratch);
+  }
+  if (p.head_dim > kMaxHalfRowDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", p.head_dim, " is over the ", kMaxHalfRowDim, " a half-float cache takes"));
+  }
+  return Attend(pool, p, static_cast<const uint16_t*>(p.cache.k), static_cast<const uint16_t*>(p.cache.v), scratch);
 }
 
 }  // namespace tandem::worker::cpu

@@ -16,6 +16,10 @@
 // is normalized as it is computed (AttendRow's arithmetic); longer ones are
 // merged (MergeSpans) by a second loop.
 //
+// The cache holds float32 or half floats (KvCacheLayer::type; the model
+// keeps halves, CpuBackendOptions::kv_type); a half cache gives the bits a
+// float32 cache holding the same values gives.
+//
 // Thread-compatible: one caller at a time per scratch.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_ATTENTION_H_
 #define TANDEM_WORKER_BACKENDS_CPU_CPU_ATTENTION_H_
@@ -30,7 +34,7 @@
 
 namespace tandem::worker::cpu {
 
-// Keys a work item covers: for SmolLM2 (3 KV heads of 64) 48 KiB each of
+// Keys a work item covers: for SmolLM2 (3 KV heads of 64) 24 KiB each of
 // keys and values; a 640-token decode is 10 items, a 128-token one 2.
 inline constexpr int32_t kSpanRows = 64;
 

@@ -5,10 +5,12 @@
 // are attention_model_test's.)
 #include "worker/backends/cpu/cpu_attention.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/gguf/ggml_types.h"
 #include "gtest/gtest.h"
 #include "worker/backends/cpu/cpu_backend.h"
 #include "worker/backends/portable/attention_testing.h"
@@ -71,6 +73,30 @@ TEST_P(CpuAttentionTest, AQueryGetsTheSameBitsAloneAsInABatch) {
   }
 }
 
+// A half-float cache (the one the model keeps on the CPU) gives every query
+// the bits a float cache holding the halves' values gives: decode and
+// prefill rows, one and several spans, two threads.
+TEST_P(CpuAttentionTest, AHalfCacheGivesTheBitsOfAFloatCacheWithItsValues) {
+  for (const attention_testing::HeadConfig& config : {attention_testing::kHeadConfigs[1],
+                                                      attention_testing::kHeadConfigs[2]}) {
+    AttentionInputs in = MakeAttentionInputs(MixedCase(config));
+    std::vector<uint16_t> k(in.k_cache.size()), v(in.v_cache.size());
+    cpu::FloatsToHalves(in.k_cache.data(), k.data(), static_cast<int64_t>(k.size()));
+    cpu::FloatsToHalves(in.v_cache.data(), v.data(), static_cast<int64_t>(v.size()));
+    for (size_t i = 0; i < k.size(); ++i) {
+      in.k_cache[i] = gguf::HalfToFloat(k[i]);
+      in.v_cache[i] = gguf::HalfToFloat(v[i]);
+    }
+    CpuBackend backend(2);
+    std::vector<float> want(in.q.size(), -7.0f), got(in.q.size(), -7.0f);
+    ASSERT_TRUE(backend.PagedAttention(in.HostParams(want.data())).ok());
+    AttentionParams p = in.HostParams(got.data());
+    p.cache = {k.data(), v.data(), KvType::kF16};
+    ASSERT_TRUE(backend.PagedAttention(p).ok());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << "heads " << config.heads;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, CpuAttentionTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Portable" : "Selected";
@@ -85,6 +111,45 @@ TEST(CpuAttentionRejectTest, HeadsThatDoNotDivide) {
   const absl::Status status = CpuBackend(2).PagedAttention(p);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(status.message()).find("kv heads"), std::string::npos) << status;
+}
+
+// WriteKv into a half-float cache: each token's keys and values, rounded as
+// FloatsToHalves rounds, at its slot, and no other slot touched.
+TEST(CpuWriteKvTest, AHalfCacheTakesTheRoundedRowsAtTheirSlots) {
+  const int32_t width = 3 * 64, tokens = 3, slots_total = 8;
+  std::vector<float> k(tokens * width), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) k[i] = 0.1f * static_cast<float>(i) - 7.0f, v[i] = 1.0f / (1.0f + i);
+  const std::vector<int64_t> slots = {5, 0, 6};
+  std::vector<uint16_t> ck(slots_total * width, 0xFFFF), cv(ck.size(), 0xFFFF);
+  CpuBackend backend(1);
+  ASSERT_TRUE(backend.WriteKv({{ck.data(), cv.data(), KvType::kF16}, k.data(), v.data(), slots.data(), tokens, width})
+                  .ok());
+  for (int32_t slot = 0; slot < slots_total; ++slot) {
+    const auto t = std::find(slots.begin(), slots.end(), slot) - slots.begin();
+    for (int32_t i = 0; i < width; ++i) {
+      const size_t at = size_t{slot} * width + i;
+      if (t == tokens) {
+        ASSERT_EQ(ck[at], 0xFFFF) << "slot " << slot << " was not written to";
+        ASSERT_EQ(cv[at], 0xFFFF) << "slot " << slot << " was not written to";
+        continue;
+      }
+      ASSERT_EQ(ck[at], gguf::FloatToHalf(k[t * width + i])) << "slot " << slot << ", element " << i;
+      ASSERT_EQ(cv[at], gguf::FloatToHalf(v[t * width + i])) << "slot " << slot << ", element " << i;
+    }
+  }
+  EXPECT_EQ(backend.kv_type(), KvType::kF16);
+}
+
+TEST(CpuAttentionRejectTest, AHalfCacheOfHeadsLongerThanItTakes) {
+  AttentionCase c = MixedCase(attention_testing::kHeadConfigs[1]);
+  const AttentionInputs in = MakeAttentionInputs(c);
+  std::vector<float> out(in.q.size());
+  AttentionParams p = in.HostParams(out.data());
+  p.cache.type = KvType::kF16;
+  p.head_dim = cpu::kMaxHalfRowDim + 8;
+  const absl::Status status = CpuBackend(2).PagedAttention(p);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(status.message()).find("head_dim"), std::string::npos) << status;
 }
 
 }  // namespace

@@ -250,10 +250,18 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
 }
 
 absl::Status CpuBackend::WriteKv(const WriteKvParams& p) {
+  const size_t width = p.kv_width;
   for (int32_t t = 0; t < p.num_tokens; ++t) {
-    const int64_t slot = p.slots[t];
-    std::memcpy(p.cache.k + slot * p.kv_width, p.k + int64_t{t} * p.kv_width, p.kv_width * sizeof(float));
-    std::memcpy(p.cache.v + slot * p.kv_width, p.v + int64_t{t} * p.kv_width, p.kv_width * sizeof(float));
+    const size_t slot = p.slots[t];
+    const float* k = p.k + t * width;
+    const float* v = p.v + t * width;
+    if (p.cache.type == KvType::kF32) {
+      std::memcpy(static_cast<float*>(p.cache.k) + slot * width, k, width * sizeof(float));
+      std::memcpy(static_cast<float*>(p.cache.v) + slot * width, v, width * sizeof(float));
+    } else {
+      cpu::FloatsToHalves(k, static_cast<uint16_t*>(p.cache.k) + slot * width, p.kv_width);
+      cpu::FloatsToHalves(v, static_cast<uint16_t*>(p.cache.v) + slot * width, p.kv_width);
+    }
   }
   return absl::OkStatus();
 }

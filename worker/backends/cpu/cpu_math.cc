@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
+
+#include "common/gguf/ggml_types.h"
 
 namespace tandem::worker::cpu {
 namespace {
@@ -26,7 +29,7 @@ void ScaleAddPortable(float* y, float scale, float a, const float* x, int64_t n)
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] * scale + a * x[i];
 }
 
-__attribute__((target("avx2,fma"))) float HorizontalSum(__m256 v) {
+__attribute__((target("avx2,fma,f16c"))) float HorizontalSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -37,7 +40,7 @@ __attribute__((target("avx2,fma"))) float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(sums);
 }
 
-__attribute__((target("avx2,fma"))) inline float DotAvx2(const float* a, const float* b, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) inline float DotAvx2(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps();
   __m256 acc1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -53,7 +56,7 @@ __attribute__((target("avx2,fma"))) inline float DotAvx2(const float* a, const f
 
 // Not inlined: with scale known to be 1 the compiler would fold y * 1 and
 // contract the scalar tail differently from a call (AttendRow must equal it).
-__attribute__((target("avx2,fma"), noinline)) void ScaleAddAvx2(float* y, float scale, float a, const float* x,
+__attribute__((target("avx2,fma,f16c"), noinline)) void ScaleAddAvx2(float* y, float scale, float a, const float* x,
                                                         int64_t n) {
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256 va = _mm256_set1_ps(a);
@@ -77,7 +80,7 @@ void SiluMulPortable(float* x, const float* y, int64_t n) {
 
 // exp(x) as 2^k * e^r with r in [-ln2/2, ln2/2] and a degree-6 polynomial
 // for e^r (Cephes' expf coefficients).
-__attribute__((target("avx2,fma"))) __m256 Exp(__m256 x) {
+__attribute__((target("avx2,fma,f16c"))) __m256 Exp(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
   const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -95,7 +98,7 @@ __attribute__((target("avx2,fma"))) __m256 Exp(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-__attribute__((target("avx2,fma"))) inline float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) inline float ExpShiftSumAvx2(float* x, float shift, int64_t n) {
   const __m256 s = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
@@ -109,7 +112,7 @@ __attribute__((target("avx2,fma"))) inline float ExpShiftSumAvx2(float* x, float
   return sum;
 }
 
-__attribute__((target("avx2,fma"))) void SiluMulAvx2(float* x, const float* y, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) void SiluMulAvx2(float* x, const float* y, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -123,25 +126,36 @@ __attribute__((target("avx2,fma"))) void SiluMulAvx2(float* x, const float* y, i
 
 // The loops below visit rows a block at a time (no division per row):
 // block `blk` holds rows [blk * block_size, ...) at BlockBase.
-inline const float* BlockBase(const PagedRows& rows, const float* cache, int32_t blk) {
+template <typename T>
+inline const T* BlockBase(const PagedRowsOf<T>& rows, const T* cache, int32_t blk) {
   return cache + int64_t{rows.table[blk]} * rows.block_size * rows.stride;
 }
 
 // Row j of `cache`; j is in block `blk`.
-inline const float* RowIn(const PagedRows& rows, const float* cache, int32_t blk, int32_t j) {
+template <typename T>
+inline const T* RowIn(const PagedRowsOf<T>& rows, const T* cache, int32_t blk, int32_t j) {
   return BlockBase(rows, cache, blk) + int64_t{j - blk * rows.block_size} * rows.stride;
+}
+
+// Row `row` as floats: itself, or widened into `buf` (room for dim).
+inline const float* AsFloats(const float* row, int64_t /*dim*/, float* /*buf*/) { return row; }
+inline const float* AsFloats(const uint16_t* row, int64_t dim, float* buf) {
+  for (int64_t i = 0; i < dim; ++i) buf[i] = gguf::HalfToFloat(row[i]);
+  return buf;
 }
 
 // Rows [begin, end): blocks begin / block_size on, the first one entered at
 // begin's offset. The loops below share this shape (written out in each: a
 // lambda would not inherit the AVX2 target).
-void AttendSpanPortable(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
-                        float* scores, float* out, SpanSums* sums, RowPrefetcher* /*ahead*/) {
+template <typename T>
+void AttendSpanPortable(const float* q, const PagedRowsOf<T>& rows, int32_t begin, int32_t end, int64_t dim,
+                        float scale, float* scores, float* out, SpanSums* sums, RowPrefetcher* /*ahead*/) {
+  float buf[std::is_same_v<T, float> ? 1 : kMaxHalfRowDim];  // a half row, widened
   float max = -INFINITY;
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
-    const float* key = RowIn(rows, rows.k, blk, j);
+    const T* key = RowIn(rows, rows.k, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, key += rows.stride) {
-      scores[j - begin] = DotPortable(q, key, dim) * scale;
+      scores[j - begin] = DotPortable(q, AsFloats(key, dim, buf), dim) * scale;
       max = std::max(max, scores[j - begin]);
     }
   }
@@ -150,18 +164,25 @@ void AttendSpanPortable(const float* q, const PagedRows& rows, int32_t begin, in
   if (sums != nullptr) *sums = {max, sum};
   std::fill(out, out + dim, 0.0f);
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
-    const float* value = RowIn(rows, rows.v, blk, j);
+    const T* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
-      ScaleAddPortable(out, 1.0f, scores[j - begin] * inv_sum, value, dim);
+      ScaleAddPortable(out, 1.0f, scores[j - begin] * inv_sum, AsFloats(value, dim, buf), dim);
     }
   }
+}
+
+// Eight consecutive elements as floats.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 Load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // q . row r for the eight rows at `rows` + r * stride (dim a multiple of 8):
 // one accumulator per row, reduced together (three rounds of pairwise adds)
 // instead of a horizontal sum per row.
-__attribute__((target("avx2,fma"))) inline __m256 Dot8Avx2(const float* q, const float* rows, int64_t stride,
-                                                            int64_t dim) {
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 Dot8Avx2(const float* q, const T* rows, int64_t stride,
+                                                                 int64_t dim) {
   // Unrolled so that the accumulators live in registers (-O2 keeps such a
   // loop and its array in memory: a store-to-load round trip per FMA).
   __m256 acc[8];
@@ -170,7 +191,7 @@ __attribute__((target("avx2,fma"))) inline __m256 Dot8Avx2(const float* q, const
   for (int64_t i = 0; i < dim; i += 8) {
     const __m256 x = _mm256_loadu_ps(q + i);
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows + r * stride + i), acc[r]);
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(x, Load8(rows + r * stride + i), acc[r]);
   }
   // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7].
   const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]);
@@ -182,7 +203,7 @@ __attribute__((target("avx2,fma"))) inline __m256 Dot8Avx2(const float* q, const
   return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
 }
 
-__attribute__((target("avx2,fma"))) inline float HorizontalMax(__m256 v) {
+__attribute__((target("avx2,fma,f16c"))) inline float HorizontalMax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
@@ -192,21 +213,21 @@ __attribute__((target("avx2,fma"))) inline float HorizontalMax(__m256 v) {
 // out = sum_j (weights[j - begin] * inv_sum) v_j over kVectors * 8 floats
 // held in registers (y * 1 + a x is y + a x exactly: ScaleAddAvx2 with
 // scale 1).
-template <int kVectors, bool kAhead>
-__attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& rows, int32_t begin, int32_t end,
-                                                             const float* weights, float inv_sum, float* out,
-                                                             RowPrefetcher& ahead) {
+template <int kVectors, bool kAhead, typename T>
+__attribute__((target("avx2,fma,f16c"))) void AccumulateRowsAvx2(const PagedRowsOf<T>& rows, int32_t begin,
+                                                                  int32_t end, const float* weights, float inv_sum,
+                                                                  float* out, RowPrefetcher& ahead) {
   // Unrolled: see Dot8Avx2.
   __m256 acc[kVectors];
 #pragma GCC unroll 16
   for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_setzero_ps();
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
-    const float* value = RowIn(rows, rows.v, blk, j);
+    const T* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
       if constexpr (kAhead) ahead.Visit(1);
       const __m256 a = _mm256_set1_ps(weights[j - begin] * inv_sum);
 #pragma GCC unroll 16
-      for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(value + 8 * i), acc[i]);
+      for (int i = 0; i < kVectors; ++i) acc[i] = _mm256_fmadd_ps(a, Load8(value + 8 * i), acc[i]);
     }
   }
 #pragma GCC unroll 16
@@ -215,15 +236,17 @@ __attribute__((target("avx2,fma"))) void AccumulateRowsAvx2(const PagedRows& row
 
 // With kAhead, `ahead` is visited per row; without, it is not touched (the
 // visits cost a short span's loops about a tenth of their time).
-template <bool kAhead>
-__attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin,
-                                                          int32_t end, int64_t dim, float scale, float* scores,
-                                                          float* out, SpanSums* sums, RowPrefetcher& ahead) {
+template <bool kAhead, typename T>
+__attribute__((target("avx2,fma,f16c"))) void AttendSpanAvx2(const float* q, const PagedRowsOf<T>& rows,
+                                                              int32_t begin, int32_t end, int64_t dim, float scale,
+                                                              float* scores, float* out, SpanSums* sums,
+                                                              RowPrefetcher& ahead) {
+  float buf[std::is_same_v<T, float> ? 1 : kMaxHalfRowDim];  // rows outside the vector loops, widened
   float max = -INFINITY;
   __m256 max8 = _mm256_set1_ps(-INFINITY);
   const __m256 scale8 = _mm256_set1_ps(scale);
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
-    const float* key = RowIn(rows, rows.k, blk, j);
+    const T* key = RowIn(rows, rows.k, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop;) {
       // Eight rows at a time where eight aligned ones remain in the block:
       // which rows go together depends on positions only, so a query's
@@ -238,7 +261,7 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
         continue;
       }
       if constexpr (kAhead) ahead.Visit(1);
-      scores[j - begin] = DotAvx2(q, key, dim) * scale;
+      scores[j - begin] = DotAvx2(q, AsFloats(key, dim, buf), dim) * scale;
       max = std::max(max, scores[j - begin]);
       ++j;
       key += rows.stride;
@@ -252,16 +275,17 @@ __attribute__((target("avx2,fma"))) void AttendSpanAvx2(const float* q, const Pa
   if (dim == 128) return AccumulateRowsAvx2<16, kAhead>(rows, begin, end, scores, inv_sum, out, ahead);
   std::fill(out, out + dim, 0.0f);
   for (int32_t blk = begin / rows.block_size, j = begin; j < end; ++blk) {
-    const float* value = RowIn(rows, rows.v, blk, j);
+    const T* value = RowIn(rows, rows.v, blk, j);
     for (const int32_t stop = std::min(end, (blk + 1) * rows.block_size); j < stop; ++j, value += rows.stride) {
       if constexpr (kAhead) ahead.Visit(1);
-      ScaleAddAvx2(out, 1.0f, scores[j - begin] * inv_sum, value, dim);
+      ScaleAddAvx2(out, 1.0f, scores[j - begin] * inv_sum, AsFloats(value, dim, buf), dim);
     }
   }
 }
 
-void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
-                    float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
+template <typename T>
+void AttendSpanAvx2(const float* q, const PagedRowsOf<T>& rows, int32_t begin, int32_t end, int64_t dim,
+                    float scale, float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
   if (ahead != nullptr && ahead->active()) {
     return AttendSpanAvx2<true>(q, rows, begin, end, dim, scale, scores, out, sums, *ahead);
   }
@@ -269,19 +293,46 @@ void AttendSpanAvx2(const float* q, const PagedRows& rows, int32_t begin, int32_
   AttendSpanAvx2<false>(q, rows, begin, end, dim, scale, scores, out, sums, none);
 }
 
+void FloatsToHalvesPortable(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = gguf::FloatToHalf(src[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void FloatsToHalvesAvx2(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  FloatsToHalvesPortable(src + i, dst + i, n - i);
+}
+
+template <typename T>
+using AttendSpanFn = void (*)(const float*, const PagedRowsOf<T>&, int32_t, int32_t, int64_t, float, float*, float*,
+                              SpanSums*, RowPrefetcher*);
+
 struct Dispatch {
   bool avx2;
   float (*dot)(const float*, const float*, int64_t);
   void (*scale_add)(float*, float, float, const float*, int64_t);
   float (*exp_shift_sum)(float*, float, int64_t);
   void (*silu_mul)(float*, const float*, int64_t);
-  void (*attend_span)(const float*, const PagedRows&, int32_t, int32_t, int64_t, float, float*, float*, SpanSums*,
-                      RowPrefetcher*);
+  void (*floats_to_halves)(const float*, uint16_t*, int64_t);
+  AttendSpanFn<float> attend_span;
+  AttendSpanFn<uint16_t> attend_span_half;
 };
 
-constexpr Dispatch kAvx2{true, DotAvx2, ScaleAddAvx2, ExpShiftSumAvx2, SiluMulAvx2, AttendSpanAvx2};
-constexpr Dispatch kPortable{false, DotPortable, ScaleAddPortable, ExpShiftSumPortable, SiluMulPortable,
-                             AttendSpanPortable};
+constexpr Dispatch kAvx2{true,          DotAvx2,
+                         ScaleAddAvx2,  ExpShiftSumAvx2,
+                         SiluMulAvx2,   FloatsToHalvesAvx2,
+                         AttendSpanAvx2<float>, AttendSpanAvx2<uint16_t>};
+constexpr Dispatch kPortable{false,
+                             DotPortable,
+                             ScaleAddPortable,
+                             ExpShiftSumPortable,
+                             SiluMulPortable,
+                             FloatsToHalvesPortable,
+                             AttendSpanPortable<float>,
+                             AttendSpanPortable<uint16_t>};
 
 // What the CPU supports, unless a test chose the portable versions.
 std::atomic<const Dispatch*> g_table{nullptr};
@@ -289,7 +340,8 @@ std::atomic<const Dispatch*> g_table{nullptr};
 const Dispatch& Detected() {
   static const Dispatch* const table = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &kAvx2 : &kPortable;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")
+               ? &kAvx2 : &kPortable;
   }();
   return *table;
 }
@@ -305,21 +357,30 @@ float Dot(const float* a, const float* b, int64_t n) { return Table().dot(a, b, 
 void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n) { Table().scale_add(y, scale, a, x, n); }
 float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_sum(x, shift, n); }
 void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
+void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) { Table().floats_to_halves(src, dst, n); }
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out) {
   Table().attend_span(q, rows, 0, n, dim, scale, scores, out, nullptr, nullptr);
+}
+void AttendRow(const float* q, const PagedHalfRows& rows, int32_t n, int64_t dim, float scale, float* scores,
+               float* out) {
+  Table().attend_span_half(q, rows, 0, n, dim, scale, scores, out, nullptr, nullptr);
 }
 void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
                 float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
   Table().attend_span(q, rows, begin, end, dim, scale, scores, out, sums, ahead);
 }
-void RowPrefetcher::Reset(const float* k, const float* v, const int32_t* table, int32_t block_size,
-                          int64_t row_floats, int32_t first, int32_t last, int64_t visits) {
-  base_ = reinterpret_cast<const char*>(k);
-  second_ = reinterpret_cast<const char*>(v);
+void AttendSpan(const float* q, const PagedHalfRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead) {
+  Table().attend_span_half(q, rows, begin, end, dim, scale, scores, out, sums, ahead);
+}
+void RowPrefetcher::Reset(const void* k, const void* v, const int32_t* table, int32_t block_size, int64_t row_bytes,
+                          int32_t first, int32_t last, int64_t visits) {
+  base_ = static_cast<const char*>(k);
+  second_ = static_cast<const char*>(v);
   table_ = table;
   block_size_ = block_size;
-  row_bytes_ = row_floats * int64_t{sizeof(float)};
+  row_bytes_ = row_bytes;
   first_ = next_row_ = first;
   last_ = last;
   cur_ = end_ = nullptr;

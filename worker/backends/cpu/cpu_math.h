@@ -1,6 +1,8 @@
 // The inner loops of the CPU backend: dot products and scaled adds over
-// float32 vectors. Each has an AVX2+FMA version, chosen once at startup when
-// the CPU has it, and a portable one (the build itself targets plain x86-64).
+// float32 vectors (attention's keys and values also as half floats, widened
+// as they are loaded). Each has an AVX2+FMA+F16C version, chosen once at
+// startup when the CPU has it, and a portable one (the build itself targets
+// plain x86-64).
 //
 // Thread-safe: pure functions.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_MATH_H_
@@ -19,15 +21,25 @@ void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n);
 float ExpShiftSum(float* x, float shift, int64_t n);
 // x[i] = x[i] / (1 + exp(-x[i])) * y[i]  (SiLU gate times up projection)
 void SiluMul(float* x, const float* y, int64_t n);
-// Keys and values of one sequence in a paged cache: row j of `k` (or `v`) is
-// at ((table[j / block_size] * block_size + j % block_size) * stride).
-struct PagedRows {
-  const float* k;
-  const float* v;
+// dst[i] = the half float nearest src[i] (ties to even, as F16C's vcvtps2ph
+// and gguf::FloatToHalf round).
+void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
+// Keys and values of one sequence in a paged cache of elements T (float, or
+// uint16_t for IEEE half floats): row j of `k` (or `v`) is at
+// ((table[j / block_size] * block_size + j % block_size) * stride).
+template <typename T>
+struct PagedRowsOf {
+  const T* k;
+  const T* v;
   const int32_t* table;
   int32_t block_size;
-  int64_t stride;
+  int64_t stride;  // elements
 };
+using PagedRows = PagedRowsOf<float>;
+using PagedHalfRows = PagedRowsOf<uint16_t>;
+// The longest head AttendRow and AttendSpan take over half rows (they widen
+// a row to floats on the stack where no vector loop reads it).
+inline constexpr int64_t kMaxHalfRowDim = 512;
 // Asks, a few cache lines at a time, for rows [first, last) of a paged key
 // and value cache (whole rows: every KV head's part) to be brought in while
 // other rows are being computed on. Asked for in one burst, scattered rows
@@ -37,20 +49,21 @@ struct PagedRows {
 // 16% less, A/B on the 2-core VM of the README's figures). The burst stays
 // where rows are needed at once (cpu_attention.cc's PrefetchRows).
 //
-// Into L2 (prefetcht1), not L1: an item's rows (96 KiB for SmolLM2's 64) are
-// several times L1, so asked for into L1 they evicted the rows the current
-// item was reading (prefetcht1 instead of t0: BM_Decode/16/640 19% less
-// time and /1/640 8% less, medians of three alternated rounds; 128-token
-// decodes, which have one item per thread, unchanged).
+// Into L2 (prefetcht1), not L1: an item's rows (96 KiB for SmolLM2's 64 in
+// float32, 48 KiB in half floats) are several times L1, so asked for into
+// L1 they evicted the rows the current item was reading (prefetcht1 instead
+// of t0: BM_Decode/16/640 19% less time and /1/640 8% less, medians of three
+// alternated rounds; 128-token decodes, which have one item per thread,
+// unchanged).
 class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, written per row
  public:
   // Nothing to ask for.
   void Clear() { cur_ = end_ = nullptr, next_row_ = last_ = 0, second_ = nullptr; }
   // Whether any line is left to ask for.
   bool active() const { return cur_ < end_ || next_row_ < last_ || second_ != nullptr; }
-  // Rows [first, last) of `k` and then `v` (`row_floats` apart, placed as
-  // PagedRows places them), over about `visits` calls of Visit(1).
-  void Reset(const float* k, const float* v, const int32_t* table, int32_t block_size, int64_t row_floats,
+  // Rows [first, last) of `k` and then `v` (`row_bytes` apart, placed as
+  // PagedRowsOf places them), over about `visits` calls of Visit(1).
+  void Reset(const void* k, const void* v, const int32_t* table, int32_t block_size, int64_t row_bytes,
              int32_t first, int32_t last, int64_t visits);
   // The next lines: `visits` times the share of one visit.
   void Visit(int32_t visits) {
@@ -85,8 +98,12 @@ class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, w
 // One query's attention over rows [0, n): out = softmax(q . k_j * scale) v_j.
 // `scores` has room for n. The same arithmetic as Dot, ExpShiftSum and
 // ScaleAdd (scale 1) one row at a time, so the result equals that loop bit for
-// bit, with the output row kept in registers and no call per row.
+// bit, with the output row kept in registers and no call per row. Over half
+// rows: the same bits as over float rows holding the halves' values
+// (dim <= kMaxHalfRowDim).
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
+               float* out);
+void AttendRow(const float* q, const PagedHalfRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out);
 // What MergeSpans needs of a span besides its output: the span's largest
 // score and the sum of exp(score - max) over its rows.
@@ -100,6 +117,8 @@ struct SpanSums {
 // it with the context's other spans. `scores` has room for end - begin.
 // `ahead`, when given, is visited once per key and value row read.
 void AttendSpan(const float* q, const PagedRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
+                float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead = nullptr);
+void AttendSpan(const float* q, const PagedHalfRows& rows, int32_t begin, int32_t end, int64_t dim, float scale,
                 float* scores, float* out, SpanSums* sums, RowPrefetcher* ahead = nullptr);
 // The attention over the union of `spans` spans from their unnormalized
 // outputs (`outs`, span s at s * dim) and sums: each span's output weighted

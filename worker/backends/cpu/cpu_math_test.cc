@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/gguf/ggml_types.h"
 #include "gtest/gtest.h"
 
 namespace tandem::worker::cpu {
@@ -119,6 +120,57 @@ TEST_P(CpuMathTest, NormalizedSpanFromZeroIsAttendRow) {
   EXPECT_EQ(std::memcmp(row.data(), span.data(), sizeof(float) * 64), 0);
 }
 
+// A cache of half floats gives the bits a float cache holding the same values
+// gives (the halves widen exactly; the arithmetic is the float one), with
+// normalized and unnormalized spans, spans that start mid-block, the head
+// sizes with a register-held output (64, 128) and others (36: rows outside
+// the eight-row groups; 72: the general output loop), and while prefetching.
+TEST_P(CpuMathTest, HalfRowsGiveTheBitsOfFloatRowsWithTheirValues) {
+  for (int64_t dim : {64, 128, 36, 72}) {
+    Cache c(dim, 7);
+    std::vector<uint16_t> k(c.k.size()), v(c.v.size());
+    FloatsToHalves(c.k.data(), k.data(), static_cast<int64_t>(k.size()));
+    FloatsToHalves(c.v.data(), v.data(), static_cast<int64_t>(v.size()));
+    for (size_t i = 0; i < k.size(); ++i) c.k[i] = gguf::HalfToFloat(k[i]), c.v[i] = gguf::HalfToFloat(v[i]);
+    const PagedHalfRows half{k.data() + dim, v.data() + dim, c.table.data(), kBlockSize, c.stride};
+    std::vector<float> want(dim), got(dim), scores(128);
+    AttendRow(c.q.data(), c.Rows(), 101, dim, c.Scale(), scores.data(), want.data());
+    AttendRow(c.q.data(), half, 101, dim, c.Scale(), scores.data(), got.data());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * dim), 0) << "dim " << dim;
+    SpanSums want_sums, got_sums;
+    AttendSpan(c.q.data(), c.Rows(), 13, 77, dim, c.Scale(), scores.data(), want.data(), &want_sums);
+    RowPrefetcher ahead;
+    ahead.Reset(k.data(), v.data(), c.table.data(), kBlockSize, c.stride * int64_t{sizeof(uint16_t)}, 77, 128, 64);
+    AttendSpan(c.q.data(), half, 13, 77, dim, c.Scale(), scores.data(), got.data(), &got_sums, &ahead);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * dim), 0) << "dim " << dim;
+    EXPECT_EQ(want_sums.max, got_sums.max);
+    EXPECT_EQ(want_sums.sum, got_sums.sum);
+  }
+}
+
+// FloatsToHalves rounds every finite float as gguf::FloatToHalf does (to
+// nearest, ties to even; too large to infinity; subnormal halves), over a
+// sweep of bit patterns and the boundaries, at lengths with and without a
+// tail past the eight-wide loop.
+TEST_P(CpuMathTest, FloatsToHalvesRoundsAsGgufDoes) {
+  std::vector<float> src = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.9f, 65520.0f, 1e9f, -1e9f, INFINITY,
+                            -INFINITY, 0x1.0p-14f, 0x1.0p-24f, 0x1.0p-25f, 0x1.8p-25f, 0x1.0p-26f, 1.00048828125f,
+                            1.000732421875f, 1.001220703125f};
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65521) {
+    const auto b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    if (!std::isnan(f)) src.push_back(f);
+  }
+  for (int64_t n : {static_cast<int64_t>(src.size()), int64_t{8}, int64_t{7}}) {
+    std::vector<uint16_t> got(n);
+    FloatsToHalves(src.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], gguf::FloatToHalf(src[i])) << "src " << src[i] << " (" << i << " of " << n << ")";
+    }
+  }
+}
+
 // Keys and values read while a prefetcher walks other rows: the same bits.
 TEST_P(CpuMathTest, ASpanGetsTheSameBitsWhilePrefetching) {
   const Cache c(64, 5);
@@ -126,7 +178,7 @@ TEST_P(CpuMathTest, ASpanGetsTheSameBitsWhilePrefetching) {
   SpanSums plain_sums, fetching_sums;
   AttendSpan(c.q.data(), c.Rows(), 13, 77, 64, c.Scale(), scores.data(), plain.data(), &plain_sums);
   RowPrefetcher ahead;
-  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 77, 128, 2 * 64);
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride * int64_t{sizeof(float)}, 77, 128, 2 * 64);
   ASSERT_TRUE(ahead.active());
   AttendSpan(c.q.data(), c.Rows(), 13, 77, 64, c.Scale(), scores.data(), fetching.data(), &fetching_sums, &ahead);
   // (The portable version asks for nothing.)
@@ -153,7 +205,7 @@ TEST(RowPrefetcherTest, AsksForEveryLineOfTheRowsKeysThenValues) {
     const int64_t row_bytes = c.stride * int64_t{sizeof(float)};
     for (auto [first, last] : {std::pair{0, 128}, std::pair{13, 77}, std::pair{16, 32}, std::pair{40, 41}}) {
       RowPrefetcher ahead;
-      ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, first, last, 1);
+      ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride * int64_t{sizeof(float)}, first, last, 1);
       std::vector<const char*> lines;
       for (const char* line; (line = ahead.NextLine()) != nullptr;) lines.push_back(line);
       EXPECT_FALSE(ahead.active());
@@ -200,12 +252,12 @@ TEST(RowPrefetcherTest, VisitsAskForEveryLineByTheLastVisit) {
   const Cache c(64, 2);
   RowPrefetcher ahead;
   EXPECT_FALSE(ahead.active());
-  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 5, 70, 9 * 2 * 65);
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride * int64_t{sizeof(float)}, 5, 70, 9 * 2 * 65);
   for (int i = 0; i + 1 < 9 * 2 * 65; ++i) ahead.Visit(1);
   ahead.Visit(1);
   EXPECT_FALSE(ahead.active());
   EXPECT_EQ(ahead.NextLine(), nullptr);
-  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride, 5, 70, 10);
+  ahead.Reset(c.k.data(), c.v.data(), c.table.data(), kBlockSize, c.stride * int64_t{sizeof(float)}, 5, 70, 10);
   ahead.Clear();
   EXPECT_FALSE(ahead.active());
   EXPECT_EQ(ahead.NextLine(), nullptr);

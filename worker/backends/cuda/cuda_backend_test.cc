@@ -124,6 +124,9 @@ TEST(CudaLaunchersTest, RefuseBadSizesAndSkipEmptyWork) {
   EXPECT_EQ(LaunchDequantize(portable::kGgmlQ8_0, &f, 33, &f, true, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LaunchWriteKv({{&f, &f}, &f, &f, nullptr, 1, 0}, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  int64_t first_slot = 0;  // float32 caches only
+  EXPECT_EQ(LaunchWriteKv({{&f, &f, KvType::kF16}, &f, &f, &first_slot, 1, 8}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
   // The fused rotation and write: each half's checks, and the cache must take
   // the rotation's keys.
   float other = 0;

@@ -118,7 +118,7 @@ std::vector<float> RunSteps(Backend& backend, const gguf::GgufFile& file, const 
 // CpuBackend's, so the same 1e-3 holds for both.
 class Bf16CpuModel : public CpuBackend {
  public:
-  Bf16CpuModel() : CpuBackend(2) {}
+  Bf16CpuModel() : CpuBackend(2, {.kv_type = KvType::kF32}) {}
 
   absl::StatusOr<Weight> LoadWeight(const gguf::GgufTensor& tensor) override {
     auto w = CpuBackend::LoadWeight(tensor);
@@ -189,7 +189,7 @@ TEST(Bf16CpuModelTest, Bf16CostOnTheTinyModel) {
   ASSERT_TRUE(file.ok()) << file.status();
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok()) << config.status();
-  CpuBackend fp32(2);
+  CpuBackend fp32(2, {.kv_type = KvType::kF32});
   Bf16CpuModel bf16;
   const std::vector<float> want = RunSteps(fp32, **file, *config);
   const std::vector<float> got = RunSteps(bf16, **file, *config);
@@ -209,7 +209,7 @@ void ExpectForwardMatchesCpu(CudaBackend& fp32_gpu, CudaBackend& bf16_gpu, const
   ASSERT_TRUE(file.ok()) << file.status();
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok()) << config.status();
-  CpuBackend cpu(0);
+  CpuBackend cpu(0, {.kv_type = KvType::kF32});
   Bf16CpuModel cpu_bf16;
   const std::vector<float> want = RunSteps(cpu, **file, *config);
   const std::vector<float> got = RunSteps(fp32_gpu, **file, *config);

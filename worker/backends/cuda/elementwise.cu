@@ -244,6 +244,7 @@ absl::Status CheckWriteKv(const char* kernel, const WriteKvParams& p, bool* work
   if (p.cache.k == nullptr || p.cache.v == nullptr || p.k == nullptr || p.v == nullptr || p.slots == nullptr) {
     return Invalid(kernel, "null pointer");
   }
+  if (p.cache.type != KvType::kF32) return Invalid(kernel, "the cache is not float32");
   return absl::OkStatus();
 }
 
@@ -263,7 +264,7 @@ absl::Status LaunchWriteKv(const WriteKvParams& p, CUstream_st* stream) {
   bool work = false;
   TANDEM_RETURN_IF_ERROR(CheckWriteKv("write_kv", p, &work));
   if (!work) return absl::OkStatus();
-  WriteKvKernel<<<p.num_tokens, kThreads, 0, stream>>>(p.cache.k, p.cache.v, p.k, p.v, p.slots, p.kv_width);
+  WriteKvKernel<<<p.num_tokens, kThreads, 0, stream>>>(static_cast<float*>(p.cache.k), static_cast<float*>(p.cache.v), p.k, p.v, p.slots, p.kv_width);
   return LaunchStatus("WriteKvKernel");
 }
 
@@ -281,7 +282,7 @@ absl::Status LaunchRopeWriteKv(const RopeParams& rope, const WriteKvParams& kv, 
   if (!writes) return absl::OkStatus();
   if (rope.num_heads > 0 && rope.q == nullptr) return Invalid("rope_write_kv", "null pointer");
   RopeWriteKvKernel<<<rope.num_tokens, kThreads, 0, stream>>>(
-      rope.q, rope.k, kv.v, rope.positions, kv.slots, kv.cache.k, kv.cache.v, rope.num_heads, rope.num_kv_heads,
+      rope.q, rope.k, kv.v, rope.positions, kv.slots, static_cast<float*>(kv.cache.k), static_cast<float*>(kv.cache.v), rope.num_heads, rope.num_kv_heads,
       rope.head_dim, rotates ? rope.rope_dim / 2 : 0, rope.freq_scale, table);
   return LaunchStatus("RopeWriteKvKernel");
 }

@@ -373,8 +373,8 @@ absl::Status LaunchPagedAttention(const AttentionParams& p, void* workspace, siz
                                                    " bytes, the launch needs ", needed));
   }
   KernelArgs a;
-  a.k = p.cache.k;
-  a.v = p.cache.v;
+  a.k = static_cast<const float*>(p.cache.k);
+  a.v = static_cast<const float*>(p.cache.v);
   a.q = p.q;
   a.out = p.out;
   a.query_start = p.query_start;

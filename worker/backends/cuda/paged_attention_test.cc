@@ -265,7 +265,7 @@ TEST(PagedAttentionTest, RejectsBadParametersWithoutLaunching) {
   expect_invalid([](AttentionParams& p) { p.max_query_len = 0; }, workspace_bytes, "max_query_len 0");
   expect_invalid([](AttentionParams& p) { p.max_seq_len = 0; }, workspace_bytes, "max_seq_len < max_query_len");
   expect_invalid([](AttentionParams& p) { p.q = nullptr; }, workspace_bytes, "null q");
-  expect_invalid([](AttentionParams& p) { p.cache.k = reinterpret_cast<float*>(reinterpret_cast<char*>(p.cache.k) + 4); },
+  expect_invalid([](AttentionParams& p) { p.cache.k = static_cast<char*>(p.cache.k) + 4; },
                  workspace_bytes, "misaligned cache");
   expect_invalid(keep, workspace_bytes - 1, "workspace one byte short");
   expect_invalid([](AttentionParams& p) { p.max_seq_len = 70000 * attention::kPartitionTokens; }, workspace_bytes,

@@ -89,8 +89,10 @@ void WarpPass(const AttentionParams& p, const Shape& s, const Cta& c, int t, int
       const int token = c0 + j;
       if (token < end) {
         const int64_t row = KvRowOffset(table, token, s.block_shift, s.kv_width, c.kv_head, kDim);
-        std::copy(p.cache.k + row, p.cache.k + row + kDim, k[j]);
-        std::copy(p.cache.v + row, p.cache.v + row + kDim, v[j]);
+        const float* keys = static_cast<const float*>(p.cache.k) + row;
+        const float* values = static_cast<const float*>(p.cache.v) + row;
+        std::copy(keys, keys + kDim, k[j]);
+        std::copy(values, values + kDim, v[j]);
       } else {
         std::fill(k[j], k[j] + kDim, 0.0f);
         std::fill(v[j], v[j] + kDim, 0.0f);

@@ -123,6 +123,7 @@ inline absl::Status CheckAttentionShape(const AttentionParams& p) {
       p.block_tables == nullptr) {
     return invalid("a null pointer");
   }
+  if (p.cache.type != KvType::kF32) return invalid("the cache is not float32");
   return absl::OkStatus();
 }
 

@@ -59,7 +59,7 @@ struct AttentionInputs {
   AttentionParams Params(const float* k, const float* v, const float* query, float* out, const int32_t* qs,
                          const int32_t* sl, const int32_t* bts, const BlockId* bt) const {
     AttentionParams p{};
-    p.cache = KvCacheLayer{const_cast<float*>(k), const_cast<float*>(v)};
+    p.cache = KvCacheLayer{const_cast<float*>(k), const_cast<float*>(v), KvType::kF32};
     p.q = query;
     p.out = out;
     p.query_start = qs;
