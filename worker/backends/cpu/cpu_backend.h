@@ -33,10 +33,10 @@ struct CpuBackendOptions {
   int64_t float_gemm_min_rows = kDefaultFloatGemmMinRows;
   static constexpr int64_t kDefaultFloatGemmMinRows = int64_t{1} << 40;
   // The KV cache's element type (Backend::kv_type). Half floats: attention
-  // reads half the bytes (batch-1 decode at 640 cached tokens 7-10% less
-  // time, 16 x 640 19%; README, Performance) and a cache holds twice the
-  // tokens, as llama.cpp's default f16 cache does. Float32 for tests that
-  // compare with an unrounded reference.
+  // reads half the bytes (decode at 640 cached tokens 13% less time at
+  // batch 1 and 16% at batch 16; README, Performance, pass 13) and a cache
+  // holds twice the tokens, as llama.cpp's default f16 cache does. Float32
+  // for tests that compare with an unrounded reference.
   KvType kv_type = KvType::kF16;
 };
 
