@@ -81,16 +81,19 @@ absl::Status LlamaModel::LoadWeights(const gguf::GgufFile& file) {
   return absl::OkStatus();
 }
 
+int64_t LlamaModel::KvBytesPerLayerBlock(int32_t block_size) const {
+  // K or V of one layer, in the backend's element type.
+  return int64_t{block_size} * config_.num_kv_heads * config_.head_dim *
+         static_cast<int64_t>(KvElementBytes(backend_->kv_type()));
+}
+
 int64_t LlamaModel::KvBytesPerBlock(int32_t block_size) const {
-  // K and V, in the backend's element type, per layer of this stage.
-  return int64_t{2} * block_size * config_.num_kv_heads * config_.head_dim *
-         static_cast<int64_t>(KvElementBytes(backend_->kv_type())) * num_stage_layers();
+  // K and V of every layer of this stage.
+  return 2 * KvBytesPerLayerBlock(block_size) * num_stage_layers();
 }
 
 absl::Status LlamaModel::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
-  const size_t bytes_per_layer =
-      static_cast<size_t>(num_blocks) * block_size * config_.num_kv_heads * config_.head_dim *
-      KvElementBytes(backend_->kv_type());
+  const size_t bytes_per_layer = static_cast<size_t>(num_blocks) * KvBytesPerLayerBlock(block_size);
   for (Layer& layer : layers_) {
     TANDEM_ASSIGN_OR_RETURN(layer.k_cache, backend_->Allocate(bytes_per_layer));
     TANDEM_ASSIGN_OR_RETURN(layer.v_cache, backend_->Allocate(bytes_per_layer));

@@ -78,6 +78,9 @@ class LlamaModel {
   absl::Status Forward(const ForwardInputs& in, const float* hidden_in, float* hidden_out, float* logits);
 
  private:
+  // Bytes of K (or V) one layer's block of `block_size` tokens takes.
+  int64_t KvBytesPerLayerBlock(int32_t block_size) const;
+
   struct Layer {
     std::unique_ptr<DeviceBuffer> attn_norm;
     std::unique_ptr<DeviceBuffer> ffn_norm;

@@ -56,8 +56,8 @@ __attribute__((target("avx2,fma,f16c"))) inline float DotAvx2(const float* a, co
 
 // Not inlined: with scale known to be 1 the compiler would fold y * 1 and
 // contract the scalar tail differently from a call (AttendRow must equal it).
-__attribute__((target("avx2,fma,f16c"), noinline)) void ScaleAddAvx2(float* y, float scale, float a, const float* x,
-                                                        int64_t n) {
+__attribute__((target("avx2,fma,f16c"), noinline)) void ScaleAddAvx2(float* y, float scale, float a,
+                                                              const float* x, int64_t n) {
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;
