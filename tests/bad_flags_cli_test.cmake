@@ -46,6 +46,19 @@ expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${TANDEM} serve
 expect_refusal(2 "flag --backend must be cpu or cuda, got 'tpu'" ${WORKER} --backend tpu)
 expect_refusal(2 "flag --comm nccl needs --backend cuda" ${WORKER} --comm nccl)
 expect_refusal(2 "flag --gpu-memory-utilization must be in (0, 1], got 1.5" ${WORKER} --gpu-memory-utilization 1.5)
+expect_refusal(2 "flag --kv-cache-dtype must be auto, float16 or float32, got 'fp8'"
+               ${TANDEM} serve --kv-cache-dtype fp8 --port 0 --grpc-port 0)
+expect_refusal(2 "flag --kv-cache-dtype must be auto, float16 or float32, got 'fp8'" ${WORKER} --kv-cache-dtype fp8)
+# A type the backend does not keep: refused before any child starts, and by
+# --check-flags as at start.
+expect_refusal(1 "--kv-cache-dtype float16: the CUDA backend's KV cache is float32 (use auto or float32)"
+               ${TANDEM} serve --backend cuda --kv-cache-dtype float16 --port 0 --grpc-port 0)
+expect_refusal(2 "--kv-cache-dtype float16: the CUDA backend's KV cache is float32 (use auto or float32)"
+               ${WORKER} --check-flags --backend cuda --kv-cache-dtype float16)
+expect_refusal(2 "unknown --kv-cache-dtype 'half' (auto, float16 or float32)"
+               ${TANDEM} generate --prompt hi --kv-cache-dtype half)
+expect_refusal(2 "unknown --kv-cache-dtype 'half' (auto, float16 or float32)"
+               ${TANDEM} perplexity --file ${CMAKE_CURRENT_LIST_FILE} --kv-cache-dtype half)
 
 # --backend cuda where it cannot run (a build without CUDA, a machine without
 # a usable GPU, as in CI) exits 1 naming the cause, before the model is read;

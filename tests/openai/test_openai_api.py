@@ -383,3 +383,21 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
         assert "draining" in s.logs()
     finally:
         s.stop()
+
+
+def test_kv_cache_dtype_float32_holds_half_the_blocks(server, tmp_path):
+    """--kv-cache-dtype reaches the workers: a float32 cache of the same
+    --kv-cache-memory holds half as many blocks as the default half-float one,
+    and serves."""
+    s = Server(extra_args=["--kv-cache-dtype", "float32"], log_name="serve_f32.log", tmp_path=str(tmp_path))
+    try:
+        # Both pools hold floor(budget / bytes per block) blocks but the null one.
+        half, single = server.metric("tandem:kv_cache_blocks") + 1, s.metric("tandem:kv_cache_blocks") + 1
+        assert half == 2 * single, (half, single)
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        out = c.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+        assert out.usage.completion_tokens == 8 or out.choices[0].finish_reason == "stop"
+        assert out.choices[0].text
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.logs()

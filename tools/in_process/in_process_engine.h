@@ -42,6 +42,7 @@ struct InProcessEngineOptions {
   int32_t threads = 0;                        // 0: every hardware thread (cpu)
   std::string backend = "cpu";                // cpu | cuda
   int32_t device = 0;                         // the CUDA device of every stage
+  std::string kv_cache_dtype = "auto";        // worker::BackendChoice::kv_cache_dtype
   bool async_scheduling = true;
   int32_t block_size = 16;
   int32_t max_num_seqs = 64;

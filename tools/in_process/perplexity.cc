@@ -10,8 +10,8 @@
 #include "common/gguf/model_file.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
-#include "worker/backends/cpu/cpu_backend.h"
 #include "worker/model/llama_model.h"
+#include "worker/server/backend_factory.h"
 
 namespace tandem::tools {
 namespace {
@@ -81,7 +81,8 @@ absl::StatusOr<std::vector<float>> ChunkLogits(worker::Backend& backend, worker:
 }  // namespace
 
 absl::StatusOr<PerplexityResult> ComputePerplexity(const std::string& model_path, const std::string& text,
-                                                   int32_t context, int32_t threads) {
+                                                   int32_t context, int32_t threads,
+                                                   const std::string& kv_cache_dtype) {
   const auto start = std::chrono::steady_clock::now();
   TANDEM_ASSIGN_OR_RETURN(auto file, gguf::OpenModelFile(model_path));
   TANDEM_ASSIGN_OR_RETURN(gguf::LlamaConfig config, gguf::ReadLlamaConfig(*file));
@@ -93,8 +94,9 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(const std::string& model_path
     return absl::InvalidArgumentError(
         absl::StrCat("--context must be in [2, ", config.context_length, "], got ", context));
   }
-  worker::CpuBackend backend(threads);
-  TANDEM_ASSIGN_OR_RETURN(auto model, worker::LlamaModel::Load(*file, config, &backend, {}));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<worker::Backend> backend,
+                          worker::MakeBackend({"cpu", 0, threads, kv_cache_dtype}));
+  TANDEM_ASSIGN_OR_RETURN(auto model, worker::LlamaModel::Load(*file, config, backend.get(), {}));
   TANDEM_RETURN_IF_ERROR(model->AllocateKvCache(1 + (context + kBlockSize - 1) / kBlockSize, kBlockSize));
 
   PerplexityResult result;
@@ -105,7 +107,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(const std::string& model_path
     const int64_t end = std::min(total, begin + context);
     if (!single && end - begin < context) break;  // as llama.cpp: whole chunks only
     const std::vector<TokenId> chunk(tokens.begin() + begin, tokens.begin() + end);
-    TANDEM_ASSIGN_OR_RETURN(std::vector<float> logits, ChunkLogits(backend, *model, chunk));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> logits, ChunkLogits(*backend, *model, chunk));
     const int64_t first = single ? 0 : static_cast<int64_t>(chunk.size()) / 2;
     for (int64_t j = first; j + 1 < static_cast<int64_t>(chunk.size()); ++j) {
       nll -= LogProb(logits.data() + j * config.vocab_size, config.vocab_size, chunk[j + 1]);

@@ -21,8 +21,10 @@ struct PerplexityResult {
   double seconds = 0;
 };
 
+// On the CPU backend; `kv_cache_dtype` as worker::BackendChoice's.
 absl::StatusOr<PerplexityResult> ComputePerplexity(const std::string& model_path, const std::string& text,
-                                                   int32_t context, int32_t threads);
+                                                   int32_t context, int32_t threads,
+                                                   const std::string& kv_cache_dtype = "auto");
 
 }  // namespace tandem::tools
 

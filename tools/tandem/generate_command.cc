@@ -61,7 +61,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   int64_t kv_cache_memory = int64_t{1} << 30;
   int64_t device = 0, pipeline_parallel_size = 1;
   bool async_scheduling = true, ignore_eos = false, json = false;
-  std::string connect, backend = "cpu";
+  std::string connect, backend = "cpu", kv_cache_dtype = "auto";
   FlagParser flags("tandem generate",
                    "Generates a continuation of --prompt with the in-process engine and prints it.\n"
                    "Greedy unless --temperature is above 0.");
@@ -79,6 +79,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddBytes("kv-cache-memory", &kv_cache_memory, "KV cache budget of each pipeline stage");
   flags.AddString("backend", &backend, "where the model runs: cpu or cuda");
   flags.AddInt("device", &device, "the CUDA device (--backend cuda); every stage runs on it", 0, 1023);
+  flags.AddString("kv-cache-dtype", &kv_cache_dtype,
+                  "KV cache element type: float16, float32, or auto (float16 on the CPU, float32 on CUDA)");
   flags.AddInt("pipeline-parallel-size", &pipeline_parallel_size, "pipeline stages, as threads of this process", 1,
                64);
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
@@ -96,6 +98,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   if (backend != "cpu" && backend != "cuda") {
     std::fprintf(stderr, "tandem generate: flag --backend must be cpu or cuda, got '%s'\n", backend.c_str());
+    return 2;
+  }
+  if (absl::Status s = worker::KvCacheType({backend, 0, 0, kv_cache_dtype}).status(); !s.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   if (temperature < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1) {
@@ -119,6 +125,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   options.async_scheduling = async_scheduling;
   options.backend = backend;
   options.device = static_cast<int32_t>(device);
+  options.kv_cache_dtype = kv_cache_dtype;
   options.pipeline_parallel_size = static_cast<int32_t>(pipeline_parallel_size);
   const auto load_start = std::chrono::steady_clock::now();
   auto engine = InProcessEngine::Create(options);

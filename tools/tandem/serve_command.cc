@@ -74,7 +74,8 @@ int RunServe(const std::vector<std::string>& args) {
   }
   // A backend the workers cannot have (no CUDA in this build, no usable
   // device) is said once, here, before any child starts.
-  if (absl::Status s = worker::BackendAvailable({o.worker.backend, static_cast<int32_t>(o.worker.device), 1});
+  if (absl::Status s = worker::BackendAvailable(
+          {o.worker.backend, static_cast<int32_t>(o.worker.device), 1, o.worker.kv_cache_dtype});
       !s.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "worker/backends/cpu/cpu_backend.h"
 #include "worker/comm/staged_communicator.h"
 #include "worker/server/backend_factory_internal.h"
 
@@ -31,6 +32,19 @@ class HostTransport : public PipelineTransport {
 
 }  // namespace
 
+absl::StatusOr<KvType> KvCacheType(const BackendChoice& choice) {
+  const bool cuda = choice.backend == "cuda";
+  if (choice.kv_cache_dtype == "auto") return cuda ? KvType::kF32 : KvType::kF16;
+  if (choice.kv_cache_dtype == "float32") return KvType::kF32;
+  if (choice.kv_cache_dtype == "float16") {
+    if (!cuda) return KvType::kF16;
+    return absl::FailedPreconditionError(
+        "--kv-cache-dtype float16: the CUDA backend's KV cache is float32 (use auto or float32)");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown --kv-cache-dtype '", choice.kv_cache_dtype, "' (auto, float16 or float32)"));
+}
+
 absl::StatusOr<bool> ChooseNccl(const std::string& comm_flag, int32_t world_size,
                                 const std::vector<std::string>& device_ids, bool have_unique_ids) {
   std::string why_not;
@@ -52,6 +66,19 @@ absl::StatusOr<bool> ChooseNccl(const std::string& comm_flag, int32_t world_size
     return absl::FailedPreconditionError(absl::StrCat("--comm nccl: ", why_not, "; use --comm tcp"));
   }
   return false;
+}
+
+absl::Status CheckChoice(const BackendChoice& choice) {
+  if (choice.backend != "cpu" && choice.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", choice.backend, "' (cpu or cuda)"));
+  }
+  return KvCacheType(choice).status();
+}
+
+std::unique_ptr<Backend> MakeCpuBackend(const BackendChoice& choice) {
+  CpuBackendOptions options;
+  options.kv_type = KvCacheType(choice).value();
+  return std::make_unique<CpuBackend>(choice.threads, options);
 }
 
 std::unique_ptr<PipelineTransport> OverHostCommunicator(Backend& backend, std::unique_ptr<Communicator> host) {

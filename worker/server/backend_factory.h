@@ -26,7 +26,15 @@ struct BackendChoice {
   std::string backend = "cpu";  // cpu | cuda
   int32_t device = 0;           // cuda
   int32_t threads = 0;          // cpu: 0 is every hardware thread
+  // How the KV cache holds keys and values (vLLM's --kv-cache-dtype): auto
+  // (the backend's default: half floats on the CPU, float32 on CUDA),
+  // float16 (the CPU only) or float32.
+  std::string kv_cache_dtype = "auto";
 };
+
+// The KV cache's element type for `choice`: InvalidArgument for an unknown
+// kv_cache_dtype, FailedPrecondition for one its backend does not keep.
+absl::StatusOr<KvType> KvCacheType(const BackendChoice& choice);
 
 bool BuildHasCuda();
 bool BuildHasNccl();

@@ -1,6 +1,6 @@
 // The factory of a build without CUDA: the CPU backend only.
 #include "absl/strings/str_cat.h"
-#include "worker/backends/cpu/cpu_backend.h"
+#include "common/status_macros.h"
 #include "worker/server/backend_factory.h"
 #include "worker/server/backend_factory_internal.h"
 
@@ -10,18 +10,16 @@ bool BuildHasCuda() { return false; }
 bool BuildHasNccl() { return false; }
 
 absl::Status BackendAvailable(const BackendChoice& choice) {
+  TANDEM_RETURN_IF_ERROR(CheckChoice(choice));
   if (choice.backend == "cpu") return absl::OkStatus();
-  if (choice.backend == "cuda") {
-    return absl::FailedPreconditionError(
-        "--backend cuda: this build has no CUDA (configure on a machine with the CUDA toolkit, "
-        "with -DTANDEM_ENABLE_CUDA=ON)");
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown backend '", choice.backend, "' (cpu or cuda)"));
+  return absl::FailedPreconditionError(
+      "--backend cuda: this build has no CUDA (configure on a machine with the CUDA toolkit, "
+      "with -DTANDEM_ENABLE_CUDA=ON)");
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
   if (absl::Status s = BackendAvailable(choice); !s.ok()) return s;
-  return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
+  return MakeCpuBackend(choice);
 }
 
 absl::Status BindThreadToBackend(Backend&) { return absl::OkStatus(); }

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/backends/cpu/cpu_backend.h"
 #include "worker/backends/cuda/cuda_backend.h"
 #include "worker/backends/cuda/cuda_status.h"
 #include "worker/server/backend_factory.h"
@@ -78,17 +77,15 @@ absl::Status Prefixed(const BackendChoice& choice, const absl::Status& s) {
 }  // namespace
 
 absl::Status BackendAvailable(const BackendChoice& choice) {
+  TANDEM_RETURN_IF_ERROR(CheckChoice(choice));
   if (choice.backend == "cpu") return absl::OkStatus();
-  if (choice.backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", choice.backend, "' (cpu or cuda)"));
-  }
   absl::Status usable = CudaDeviceUsable(choice.device);
   return usable.ok() ? usable : Prefixed(choice, usable);
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice) {
   TANDEM_RETURN_IF_ERROR(BackendAvailable(choice));
-  if (choice.backend == "cpu") return std::unique_ptr<Backend>(new CpuBackend(choice.threads));
+  if (choice.backend == "cpu") return MakeCpuBackend(choice);
   CudaBackendOptions options;
   options.device = choice.device;
   auto backend = CudaBackend::Create(options);

@@ -5,8 +5,17 @@
 
 #include "worker/backends/backend.h"
 #include "worker/comm/staged_communicator.h"
+#include "worker/server/backend_factory.h"
 
 namespace tandem::worker {
+
+// InvalidArgument for an unknown backend or cache type, FailedPrecondition
+// for a cache type the backend does not keep: what every build refuses
+// alike, before it looks for a device.
+absl::Status CheckChoice(const BackendChoice& choice);
+
+// The CPU backend of `choice` (backend "cpu", its kv_cache_dtype valid).
+std::unique_ptr<Backend> MakeCpuBackend(const BackendChoice& choice);
 
 // Whether the host cannot read the backend's memory (a GPU).
 bool BackendMemoryIsDevice(const Backend& backend);

@@ -24,6 +24,24 @@ TEST(BackendFactoryTest, TheCpuBackendAlways) {
   EXPECT_EQ(*identity, "");  // a CPU worker never offers NCCL
 }
 
+TEST(BackendFactoryTest, TheKvCacheDtypeChoosesTheCpuCache) {
+  EXPECT_EQ(MakeBackend({"cpu", 0, 1})->get()->kv_type(), KvType::kF16);  // auto: half, as llama.cpp's
+  EXPECT_EQ(MakeBackend({"cpu", 0, 1, "float16"})->get()->kv_type(), KvType::kF16);
+  EXPECT_EQ(MakeBackend({"cpu", 0, 1, "float32"})->get()->kv_type(), KvType::kF32);
+  auto unknown = MakeBackend({"cpu", 0, 1, "fp8"});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown --kv-cache-dtype 'fp8'"));
+}
+
+TEST(BackendFactoryTest, TheCudaCacheIsFloat32Only) {
+  EXPECT_EQ(*KvCacheType({"cuda", 0, 0}), KvType::kF32);
+  EXPECT_EQ(*KvCacheType({"cuda", 0, 0, "float32"}), KvType::kF32);
+  // Refused before a device is looked for, whatever this machine has.
+  const absl::Status half = BackendAvailable({"cuda", 0, 0, "float16"});
+  EXPECT_EQ(half.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(half.message()), HasSubstr("the CUDA backend's KV cache is float32"));
+}
+
 TEST(BackendFactoryTest, AnUnknownBackendIsInvalid) {
   EXPECT_EQ(MakeBackend({"tpu", 0, 1}).status().code(), absl::StatusCode::kInvalidArgument);
 }

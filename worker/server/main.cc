@@ -27,6 +27,7 @@
 #include "common/rpc/grpc_options.h"
 #include "common/rpc/tls_credentials.h"
 #include "worker/comm/tls_context.h"
+#include "worker/server/backend_factory.h"
 #include "worker/server/grpc/grpc_scheduler_link.h"
 #include "worker/server/grpc/health_server.h"
 #include "worker/server/grpc/scheduler_dial.h"
@@ -65,11 +66,14 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit_code = flags.ParseOrExitCode(std::vector<std::string>(argv + 1, argv + argc))) {
     return *exit_code;
   }
-  for (const absl::Status& s : {p.Validate(), f.Validate()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "tandem-worker: %s\n", std::string(s.message()).c_str());
-      return 2;
-    }
+  absl::Status valid = p.Validate();
+  if (valid.ok()) valid = f.Validate();
+  // The cache type against the backend too, so that --check-flags refuses
+  // what the backend would.
+  if (valid.ok()) valid = tandem::worker::KvCacheType({f.backend, 0, 0, f.kv_cache_dtype}).status();
+  if (!valid.ok()) {
+    std::fprintf(stderr, "tandem-worker: %s\n", std::string(valid.message()).c_str());
+    return 2;
   }
   if (p.check_flags) {
     std::fprintf(stderr, "tandem-worker: flags accepted\n");
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
   o.device = static_cast<int32_t>(f.device);
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.comm = f.comm;
+  o.kv_cache_dtype = f.kv_cache_dtype;
   if (p.tls.enabled()) {  // the same files secure the worker-to-worker channel
     auto comm_tls = tandem::worker::TlsContext::Load(p.tls.cert, p.tls.key, p.tls.ca);
     if (!comm_tls.ok()) {

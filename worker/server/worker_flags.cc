@@ -21,6 +21,9 @@ void WorkerFlags::Register(FlagParser* flags) {
   flags->AddString("comm", &comm,
                    "transport between pipeline stages: nccl, tcp, or auto (NCCL between CUDA workers on distinct "
                    "GPUs when the build has it, TCP otherwise)");
+  flags->AddString("kv-cache-dtype", &kv_cache_dtype,
+                   "how the KV cache holds keys and values: float16, float32, or auto (float16 on the CPU, float32 "
+                   "on CUDA, whose cache is float32 only)");
 }
 
 absl::Status WorkerFlags::Validate() const {
@@ -36,6 +39,10 @@ absl::Status WorkerFlags::Validate() const {
   if (comm != "auto" && comm != "nccl" && comm != "tcp") {
     return absl::InvalidArgumentError(absl::StrCat("flag --comm must be auto, nccl or tcp, got '", comm, "'"));
   }
+  if (kv_cache_dtype != "auto" && kv_cache_dtype != "float16" && kv_cache_dtype != "float32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --kv-cache-dtype must be auto, float16 or float32, got '", kv_cache_dtype, "'"));
+  }
   if (comm == "nccl" && backend != "cuda") {
     return absl::InvalidArgumentError("flag --comm nccl needs --backend cuda");
   }
@@ -49,7 +56,8 @@ std::vector<std::string> WorkerFlags::ToArgs() const {
           absl::StrCat("--backend=", backend),
           absl::StrCat("--device=", device),
           absl::StrCat("--gpu-memory-utilization=", gpu_memory_utilization),
-          absl::StrCat("--comm=", comm)};
+          absl::StrCat("--comm=", comm),
+          absl::StrCat("--kv-cache-dtype=", kv_cache_dtype)};
 }
 
 void WorkerPlacementFlags::Register(FlagParser* flags) {

@@ -12,6 +12,12 @@
 //                                 this worker may use for weights,
 //                                 activations and KV cache (cuda; the CPU
 //                                 backend's KV cache is --kv-cache-memory)
+//   --kv-cache-dtype auto|float16|float32
+//                                 how the KV cache holds keys and values:
+//                                 auto is half floats on the CPU (as
+//                                 llama.cpp's cache; twice the tokens of
+//                                 float32) and float32 on CUDA, the only type
+//                                 the CUDA backend keeps
 //   --comm auto|nccl|tcp          how pipeline stages pass hidden states and
 //                                 sampled ids: auto is NCCL between CUDA
 //                                 workers on distinct GPUs when the build has
@@ -39,6 +45,7 @@ struct WorkerFlags {
   int64_t device = 0;                           // CUDA device index
   double gpu_memory_utilization = 0.9;          // fraction of the device's total memory
   std::string comm = "auto";                    // auto | nccl | tcp
+  std::string kv_cache_dtype = "auto";          // auto | float16 | float32
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);

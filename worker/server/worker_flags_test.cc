@@ -16,7 +16,8 @@ TEST(WorkerFlagsTest, ArgsRoundTripThroughTheParser) {
   f.Register(&flags);
   ASSERT_TRUE(flags
                   .Parse({"--kv-cache-memory", "96MiB", "--threads=3", "--peer-timeout=4.5", "--backend=cuda",
-                          "--device", "2", "--gpu-memory-utilization=0.45", "--comm=tcp"})
+                          "--device", "2", "--gpu-memory-utilization=0.45", "--comm=tcp",
+                          "--kv-cache-dtype=float32"})
                   .ok());
   EXPECT_EQ(f.kv_cache_memory, int64_t{96} << 20);
   ASSERT_TRUE(f.Validate().ok());
@@ -31,6 +32,7 @@ TEST(WorkerFlagsTest, ArgsRoundTripThroughTheParser) {
   EXPECT_EQ(again.device, 2);
   EXPECT_DOUBLE_EQ(again.gpu_memory_utilization, 0.45);
   EXPECT_EQ(again.comm, "tcp");
+  EXPECT_EQ(again.kv_cache_dtype, "float32");
 }
 
 TEST(WorkerFlagsTest, DefaultsAreTheCpuBackendAndVllmsUtilization) {
@@ -39,6 +41,7 @@ TEST(WorkerFlagsTest, DefaultsAreTheCpuBackendAndVllmsUtilization) {
   EXPECT_EQ(f.device, 0);
   EXPECT_DOUBLE_EQ(f.gpu_memory_utilization, 0.9);
   EXPECT_EQ(f.comm, "auto");
+  EXPECT_EQ(f.kv_cache_dtype, "auto");
   EXPECT_TRUE(f.Validate().ok());
 }
 
@@ -65,6 +68,10 @@ TEST(WorkerFlagsTest, BadValuesNameTheFlag) {
   EXPECT_THAT(std::string(f.Validate().message()), HasSubstr("flag --comm must be auto, nccl or tcp"));
   f.comm = "nccl";
   EXPECT_THAT(std::string(f.Validate().message()), HasSubstr("--comm nccl needs --backend cuda"));
+  f = WorkerFlags();
+  f.kv_cache_dtype = "fp8";
+  EXPECT_THAT(std::string(f.Validate().message()),
+              HasSubstr("flag --kv-cache-dtype must be auto, float16 or float32, got 'fp8'"));
   EXPECT_THAT(std::string(flags.Parse({"--device=-1"}).message()), HasSubstr("--device"));
 }
 

@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   choice.backend = options.backend;
   choice.device = options.device;
   choice.threads = options.threads;
+  choice.kv_cache_dtype = options.kv_cache_dtype;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(choice));
   return Create(options, std::move(backend));
 }
