@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "common/check.h"
 #include "common/file_util.h"
 #include "common/gguf/random_llama.h"
 #include "gmock/gmock.h"
@@ -77,6 +78,18 @@ struct Outcome {
   std::vector<TokenId> tokens;
   std::string finish;
 };
+
+// The tiny model's KV bytes per block of one layer, on the CPU backend the
+// workers run.
+int64_t KvBytesPerLayerBlock() {
+  tools::InProcessEngineOptions options;
+  options.model_path = TinyModel();
+  options.threads = 1;
+  options.kv_cache_bytes = int64_t{1} << 20;
+  auto engine = tools::InProcessEngine::Create(options);
+  TANDEM_CHECK(engine.ok()) << engine.status();
+  return (*engine)->kv_bytes_per_block() / 3;  // the model's 3 layers
+}
 
 std::map<int, Outcome> RunInProcess(const std::vector<Spec>& specs) {
   tools::InProcessEngineOptions options;
@@ -201,9 +214,11 @@ TEST_P(DistributedTest, ASmallKvPoolPreemptsAndStillMatches) {
   options.scheduler.pipeline_parallel_size = GetParam().stages;
   options.scheduler.async_scheduling = GetParam().async_scheduling;
   options.worker_link = GetParam().link;
-  // About 21 blocks on the stage with the most layers (4 KiB per layer and block).
+  // About 21 blocks on the stage with the most layers, whatever the cache's
+  // element type (the pool twice as large, since the cache holds half floats,
+  // preempted only when the requests happened to overlap).
   const int32_t stage_layers = (3 + GetParam().stages - 1) / GetParam().stages;
-  options.worker.kv_cache_memory = 21 * 4096 * stage_layers;
+  options.worker.kv_cache_memory = 21 * KvBytesPerLayerBlock() * stage_layers;
   options.scheduler.max_model_len = 112;
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
