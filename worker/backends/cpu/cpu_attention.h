@@ -18,7 +18,9 @@
 //
 // The cache holds float32 or half floats (KvCacheLayer::type; the model
 // keeps halves, CpuBackendOptions::kv_type); a half cache gives the bits a
-// float32 cache holding the same values gives.
+// float32 cache holding the same values gives. A decode widens each half row
+// as it reads it; a prefill, which reads every row of its context once per
+// query and query head, has its context widened once first.
 //
 // Thread-compatible: one caller at a time per scratch.
 #ifndef TANDEM_WORKER_BACKENDS_CPU_CPU_ATTENTION_H_
@@ -48,6 +50,13 @@ struct AttentionScratch {
   std::vector<int32_t> merged;             // tokens of more than one span
   std::vector<SpanSums> sums;              // [items * group]: each span's sums
   std::vector<float> outs;                 // [items * group * head_dim]: unnormalized outputs
+  // A half cache's prefills (WidenPrefills in cpu_attention.cc): each such
+  // sequence's context rows as float32, from widened_at[seq] (-1: read from
+  // the cache), and a block table that maps every row to itself.
+  std::vector<int64_t> widened_at;     // [seqs]
+  std::vector<int64_t> widened_first;  // [seqs + 1]: rows of the sequences before, widened
+  std::vector<float> widened_k, widened_v;
+  std::vector<BlockId> identity;
 };
 
 absl::Status PagedAttention(ThreadPool& pool, const AttentionParams& p, AttentionScratch* scratch);

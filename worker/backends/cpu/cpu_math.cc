@@ -306,6 +306,18 @@ __attribute__((target("avx2,fma,f16c"))) void FloatsToHalvesAvx2(const float* sr
   FloatsToHalvesPortable(src + i, dst + i, n - i);
 }
 
+void HalvesToFloatsPortable(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = gguf::HalfToFloat(src[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void HalvesToFloatsAvx2(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  HalvesToFloatsPortable(src + i, dst + i, n - i);
+}
+
 template <typename T>
 using AttendSpanFn = void (*)(const float*, const PagedRowsOf<T>&, int32_t, int32_t, int64_t, float, float*, float*,
                               SpanSums*, RowPrefetcher*);
@@ -317,6 +329,7 @@ struct Dispatch {
   float (*exp_shift_sum)(float*, float, int64_t);
   void (*silu_mul)(float*, const float*, int64_t);
   void (*floats_to_halves)(const float*, uint16_t*, int64_t);
+  void (*halves_to_floats)(const uint16_t*, float*, int64_t);
   AttendSpanFn<float> attend_span;
   AttendSpanFn<uint16_t> attend_span_half;
 };
@@ -324,13 +337,15 @@ struct Dispatch {
 constexpr Dispatch kAvx2{true,          DotAvx2,
                          ScaleAddAvx2,  ExpShiftSumAvx2,
                          SiluMulAvx2,   FloatsToHalvesAvx2,
-                         AttendSpanAvx2<float>, AttendSpanAvx2<uint16_t>};
+                         HalvesToFloatsAvx2, AttendSpanAvx2<float>,
+                         AttendSpanAvx2<uint16_t>};
 constexpr Dispatch kPortable{false,
                              DotPortable,
                              ScaleAddPortable,
                              ExpShiftSumPortable,
                              SiluMulPortable,
                              FloatsToHalvesPortable,
+                             HalvesToFloatsPortable,
                              AttendSpanPortable<float>,
                              AttendSpanPortable<uint16_t>};
 
@@ -358,6 +373,7 @@ void ScaleAdd(float* y, float scale, float a, const float* x, int64_t n) { Table
 float ExpShiftSum(float* x, float shift, int64_t n) { return Table().exp_shift_sum(x, shift, n); }
 void SiluMul(float* x, const float* y, int64_t n) { Table().silu_mul(x, y, n); }
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) { Table().floats_to_halves(src, dst, n); }
+void HalvesToFloats(const uint16_t* src, float* dst, int64_t n) { Table().halves_to_floats(src, dst, n); }
 void AttendRow(const float* q, const PagedRows& rows, int32_t n, int64_t dim, float scale, float* scores,
                float* out) {
   Table().attend_span(q, rows, 0, n, dim, scale, scores, out, nullptr, nullptr);

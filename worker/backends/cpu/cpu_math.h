@@ -24,6 +24,8 @@ void SiluMul(float* x, const float* y, int64_t n);
 // dst[i] = the half float nearest src[i] (ties to even, as F16C's vcvtps2ph
 // and gguf::FloatToHalf round).
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
+// dst[i] = the value of half float src[i] (exact).
+void HalvesToFloats(const uint16_t* src, float* dst, int64_t n);
 // Keys and values of one sequence in a paged cache of elements T (float, or
 // uint16_t for IEEE half floats): row j of `k` (or `v`) is at
 // ((table[j / block_size] * block_size + j % block_size) * stride).

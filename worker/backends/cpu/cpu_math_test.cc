@@ -171,6 +171,25 @@ TEST_P(CpuMathTest, FloatsToHalvesRoundsAsGgufDoes) {
   }
 }
 
+// HalvesToFloats gives every half's value, as gguf::HalfToFloat: all 63,490
+// non-NaN bit patterns (subnormals, zeros, infinities), at lengths with and
+// without a tail past the eight-wide loop.
+TEST_P(CpuMathTest, HalvesToFloatsWidensAsGgufDoes) {
+  std::vector<uint16_t> src;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    if ((bits & 0x7c00) != 0x7c00 || (bits & 0x3ff) == 0) src.push_back(static_cast<uint16_t>(bits));
+  }
+  ASSERT_EQ(src.size(), 63490u);  // all but the 2 x 1,023 NaNs
+  for (int64_t n : {static_cast<int64_t>(src.size()), int64_t{8}, int64_t{7}}) {
+    std::vector<float> got(n);
+    HalvesToFloats(src.data(), got.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = gguf::HalfToFloat(src[i]);
+      ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << "half 0x" << std::hex << src[i];
+    }
+  }
+}
+
 // Keys and values read while a prefetcher walks other rows: the same bits.
 TEST_P(CpuMathTest, ASpanGetsTheSameBitsWhilePrefetching) {
   const Cache c(64, 5);
