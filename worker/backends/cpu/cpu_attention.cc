@@ -30,13 +30,14 @@ void PrefetchRows(const T* cache, const BlockId* table, int32_t block_size, int3
 }
 
 // A half cache's sequences with several queries (prefills) read every row
-// of their context once per query and query head: 3 x 512 widenings of each
-// row in a 512-token prompt of SmolLM2, which cost a 64-token prefill 8% of
-// its time (against a float32 cache, alternated runs). Their context rows
-// are widened once here, in parallel, into scratch (float32 rows in position
-// order, read through the identity table); widening is exact, so the bits
-// are those of the half rows. Decodes read each row once per query head
-// from memory and keep reading the cache.
+// of their context once per later query and query head (up to 3 x 512 times
+// in a 512-token prompt of SmolLM2): widened at each read, that cost a
+// 64-token prefill 8% of its time against a float32 cache (alternated runs).
+// Their context rows are widened once here, in parallel, into scratch
+// (float32 rows in position order, read through the identity table; it
+// grows to the largest step's prefill contexts); widening is exact, so the
+// bits are those of the half rows. Decodes read each row once per query
+// head, from memory, and keep reading the cache.
 void WidenPrefills(ThreadPool& pool, const AttentionParams& p, const uint16_t* k_cache, const uint16_t* v_cache,
                    AttentionScratch* scratch) {
   AttentionScratch& s = *scratch;
@@ -153,7 +154,8 @@ absl::Status Attend(ThreadPool& pool, const AttentionParams& p, const T* k_cache
       // range: another thread's would be fetched twice, by two cores) and
       // it is a decode's (a sequence with several queries reads a span's
       // rows once per query, from the cache after the first: there the
-      // visits only cost, 5% of a 512-token prefill).
+      // visits only cost, 5% of a 512-token prefill). A widened prefill's
+      // rows were just written to scratch and are in cache.
       if (s.ahead_item[thread] != item && widened < 0) {
         PrefetchRows(k_cache, table, p.block_size, kv_width, first, last);
         PrefetchRows(v_cache, table, p.block_size, kv_width, first, last);
