@@ -44,9 +44,11 @@ void WidenPrefills(ThreadPool& pool, const AttentionParams& p, const uint16_t* k
   const int64_t kv_width = int64_t{p.num_kv_heads} * p.head_dim;
   s.widened_at.assign(p.num_seqs, -1);
   s.widened_first.assign(p.num_seqs + 1, 0);
+  const int64_t budget_rows = s.widen_budget_bytes / (2 * kv_width * int64_t{sizeof(float)});
   int32_t longest = 0;
   for (int32_t seq = 0; seq < p.num_seqs; ++seq) {
-    const bool prefill = p.query_start[seq + 1] - p.query_start[seq] > 1;
+    const bool prefill = p.query_start[seq + 1] - p.query_start[seq] > 1 &&
+                         s.widened_first[seq] + p.seq_lens[seq] <= budget_rows;
     const int32_t rows = prefill ? p.seq_lens[seq] : 0;
     if (prefill) s.widened_at[seq] = s.widened_first[seq] * kv_width;
     s.widened_first[seq + 1] = s.widened_first[seq] + rows;

@@ -52,7 +52,12 @@ struct AttentionScratch {
   std::vector<float> outs;                 // [items * group * head_dim]: unnormalized outputs
   // A half cache's prefills (WidenPrefills in cpu_attention.cc): each such
   // sequence's context rows as float32, from widened_at[seq] (-1: read from
-  // the cache), and a block table that maps every row to itself.
+  // the cache), and a block table that maps every row to itself. At most
+  // widen_budget_bytes of keys and values together: many prefills of long
+  // contexts in one step (a shared prefix's hits, each with a few new
+  // tokens) would otherwise hold hundreds of MB; those past it read the
+  // cache, with the same bits.
+  int64_t widen_budget_bytes = int64_t{32} << 20;
   std::vector<int64_t> widened_at;     // [seqs]
   std::vector<int64_t> widened_first;  // [seqs + 1]: rows of the sequences before, widened
   std::vector<float> widened_k, widened_v;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gguf/ggml_types.h"
@@ -94,6 +95,36 @@ TEST_P(CpuAttentionTest, AHalfCacheGivesTheBitsOfAFloatCacheWithItsValues) {
     p.cache = {k.data(), v.data(), KvType::kF16};
     ASSERT_TRUE(backend.PagedAttention(p).ok());
     EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << "heads " << config.heads;
+  }
+}
+
+// Past the widening budget a prefill reads the half cache itself: the same
+// bits whichever of the mixed case's prefills fit (none, some, all).
+TEST_P(CpuAttentionTest, PrefillsPastTheWideningBudgetGetTheSameBits) {
+  const attention_testing::HeadConfig config = attention_testing::kHeadConfigs[1];
+  const AttentionInputs in = MakeAttentionInputs(MixedCase(config));
+  std::vector<uint16_t> k(in.k_cache.size()), v(in.v_cache.size());
+  cpu::FloatsToHalves(in.k_cache.data(), k.data(), static_cast<int64_t>(k.size()));
+  cpu::FloatsToHalves(in.v_cache.data(), v.data(), static_cast<int64_t>(v.size()));
+  AttentionParams p = in.HostParams(nullptr);
+  p.cache = {k.data(), v.data(), KvType::kF16};
+  ThreadPool pool(2);
+  std::vector<float> all(in.q.size(), -7.0f);
+  cpu::AttentionScratch scratch;
+  p.out = all.data();
+  ASSERT_TRUE(cpu::PagedAttention(pool, p, &scratch).ok());
+  const int64_t row_bytes = int64_t{2} * config.kv_heads * config.head_dim * sizeof(float);
+  // The prefills' contexts, in order: 5, 300, 1100, 2 and 16 rows.
+  const std::pair<int64_t, int> budgets[] = {{0, 0}, {310, 3}, {2000, 5}};
+  for (const auto& [rows, widened] : budgets) {
+    std::vector<float> got(in.q.size(), -7.0f);
+    cpu::AttentionScratch budgeted;
+    budgeted.widen_budget_bytes = rows * row_bytes;
+    p.out = got.data();
+    ASSERT_TRUE(cpu::PagedAttention(pool, p, &budgeted).ok());
+    EXPECT_EQ(std::count_if(budgeted.widened_at.begin(), budgeted.widened_at.end(), [](int64_t at) { return at >= 0; }),
+              widened) << rows << " rows";
+    EXPECT_EQ(std::memcmp(all.data(), got.data(), all.size() * sizeof(float)), 0) << rows << " rows";
   }
 }
 
