@@ -137,10 +137,14 @@ inline const T* RowIn(const PagedRowsOf<T>& rows, const T* cache, int32_t blk, i
   return BlockBase(rows, cache, blk) + int64_t{j - blk * rows.block_size} * rows.stride;
 }
 
+void HalvesToFloatsPortable(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = gguf::HalfToFloat(src[i]);
+}
+
 // Row `row` as floats: itself, or widened into `buf` (room for dim).
 inline const float* AsFloats(const float* row, int64_t /*dim*/, float* /*buf*/) { return row; }
 inline const float* AsFloats(const uint16_t* row, int64_t dim, float* buf) {
-  for (int64_t i = 0; i < dim; ++i) buf[i] = gguf::HalfToFloat(row[i]);
+  HalvesToFloatsPortable(row, buf, dim);
   return buf;
 }
 
@@ -304,10 +308,6 @@ __attribute__((target("avx2,fma,f16c"))) void FloatsToHalvesAvx2(const float* sr
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
   }
   FloatsToHalvesPortable(src + i, dst + i, n - i);
-}
-
-void HalvesToFloatsPortable(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = gguf::HalfToFloat(src[i]);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void HalvesToFloatsAvx2(const uint16_t* src, float* dst, int64_t n) {
