@@ -17,12 +17,13 @@
 #       9 heads, 3 KV heads, intermediate 1536, vocabulary 49152) with `tandem
 #       make-model`; runs gpu_bench (decode at batch 1, 64, 256 with 128-token
 #       contexts, a 512-token prefill, the GPU busy fraction in async mode, each
-#       as a fraction of the H200's roofline); checks `tandem generate` on the
-#       GPU against the CPU and in-process PP=2 on the one GPU; serves one
+#       as a fraction of the H200's roofline), then again with --enforce-eager
+#       (no CUDA graphs); checks `tandem generate` on the GPU against the CPU,
+#       with graphs against without, and in-process PP=2 on the one GPU; serves one
 #       request through `tandem serve --backend cuda` with two worker processes
 #       on the one GPU. Every figure and log goes to files under $OUT (default
 #       ./gpu-out): summary.txt, system.txt, tests.txt, bench.txt, bench.json,
-#       e2e.txt, serve.txt.
+#       bench_eager.txt (the benchmark with --enforce-eager), e2e.txt, serve.txt.
 #
 # With the device tool: prepare here, then run with gpu-pack carried:
 #   run(command="tools/gpu_check.sh run", carry=["gpu-pack"], timeout_s=420)
@@ -57,8 +58,11 @@ prepare() {
   command -v cmake >/dev/null || die "cmake is not installed"
   [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "no CUDA toolkit here (nvcc not found)"
   echo "gpu_check prepare: configuring $BUILD_DIR"
+  # ccache only where it is installed (a launcher that is missing fails every compile).
+  local launchers=()
+  command -v ccache >/dev/null && launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_ENABLE_CUDA=ON \
-    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >"$BUILD_DIR.cmake.log" 2>&1 ||
+    "${launchers[@]}" >"$BUILD_DIR.cmake.log" 2>&1 ||
     die "cmake failed; see $BUILD_DIR.cmake.log"
   grep -q "tandem: CUDA ON, NCCL ON" "$BUILD_DIR.cmake.log" ||
     die "the build found no CUDA or no NCCL: $(grep 'tandem: CUDA' "$BUILD_DIR.cmake.log")"
@@ -192,7 +196,9 @@ run() {
   step nccl_test 40 "$OUT/tests.txt" "$bin/nccl_test"
   step worker_server_test 40 "$OUT/tests.txt" "$bin/worker_server_test"
   # Each test that failed or skipped, once (gtest lists them again at the end).
-  grep -E "^\[  (FAILED|SKIPPED) \] [A-Za-z]" "$OUT/tests.txt" | grep -v " ms)$" | sort -u >>"$SUMMARY"
+  grep -E "^\[  (FAILED  |SKIPPED )\] [A-Za-z]" "$OUT/tests.txt" | grep -v " ms)$" | sort -u >>"$SUMMARY"
+  # And the first lines of each failed assertion.
+  grep -A4 -E ": Failure$" "$OUT/tests.txt" | head -60 >>"$SUMMARY"
 
   # The SmolLM2-shaped random model.
   local model=/tmp/tandem-smollm2-shaped.gguf
@@ -201,7 +207,11 @@ run() {
     die "could not make the model; see $OUT/e2e.txt"
 
   step gpu_bench 150 "$OUT/bench.txt" "$bin/gpu_bench" --model "$model" --output "$OUT/bench.json"
-  grep -E "_(tokens_per_s|fraction|busy_async|busy_sync) " "$OUT/bench.txt" >>"$SUMMARY"
+  grep -E "_(tokens_per_s|fraction|busy_async|busy_sync|host_ms|device_ms) |^graphs " "$OUT/bench.txt" >>"$SUMMARY"
+  # The same steps with every kernel launched from the host (no CUDA graphs),
+  # for what the graphs save.
+  step gpu_bench_eager 90 "$OUT/bench_eager.txt" "$bin/gpu_bench" --model "$model" --enforce-eager --repeats 2
+  grep -E "_(tokens_per_s|host_ms|device_ms) " "$OUT/bench_eager.txt" | sed 's/^/eager /' >>"$SUMMARY"
 
   # End to end in one process: the GPU against the CPU (greedy), and PP=2 on
   # the one GPU (staging copies between the stages) against PP=1.
@@ -209,6 +219,7 @@ run() {
   local args=(generate --model "$model" --prompt "$prompt" --max-tokens 32 --ignore-eos --json)
   step generate_cpu 60 "$OUT/e2e.txt" "$bin/tandem" "${args[@]}" --backend cpu
   step generate_cuda 60 "$OUT/e2e.txt" "$bin/tandem" "${args[@]}" --backend cuda
+  step generate_cuda_eager 60 "$OUT/e2e.txt" "$bin/tandem" "${args[@]}" --backend cuda --enforce-eager
   step generate_cuda_pp2 60 "$OUT/e2e.txt" "$bin/tandem" "${args[@]}" --backend cuda --pipeline-parallel-size 2
   python3 - "$OUT/e2e.txt" >>"$SUMMARY" 2>&1 <<'PY'
 import json, sys
@@ -229,6 +240,7 @@ def same(a, b):
     n = next((i for i in range(min(len(x), len(y))) if x[i] != y[i]), None)
     return f"{a} vs {b}: " + ("identical" if n is None and len(x) == len(y) else f"first difference at token {n}")
 print(same("generate_cpu", "generate_cuda"))
+print(same("generate_cuda", "generate_cuda_eager"))
 print(same("generate_cuda", "generate_cuda_pp2"))
 PY
 

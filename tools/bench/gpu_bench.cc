@@ -17,7 +17,17 @@
 //                        (and, for contrast, sync) mode: CUDA events on the
 //                        compute stream before and after each step's work;
 //                        busy = 1 - (sum of the gaps between one step's end
-//                        and the next's start) / (last end - first start)
+//                        and the next's start) / (last end - first start).
+//                        Time the GPU waits for launches inside a step
+//                        counts as busy there; the next two figures split
+//                        the step into the host's part and the device's
+//   host_ms_b*           the host's time in Execute and Sample per step
+//                        (launching; in async mode it need not wait for
+//                        the device)
+//   device_ms_b*         the device's time for one step's work when all of
+//                        it is queued before the device starts on it (the
+//                        stream held at a gate, then released): the step's
+//                        time were launching free
 //
 // Roofline ceilings are the H200 SXM datasheet's: 4.8 TB/s HBM3e and about
 // 990 TFLOP/s dense bf16. Every figure goes to stdout as "name value" lines
@@ -30,12 +40,15 @@
 //   gpu_bench --model /tmp/smollm2-shaped.gguf --output $OUT/bench.json
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -93,6 +106,18 @@ class StepTimeline {
     events_.push_back(reinterpret_cast<CUevent_st*>(e));
 #endif
   }
+  // Seconds between the first two marks; -1 when not measured.
+  double FirstPairSeconds() {
+#if TANDEM_HAVE_CUDA
+    if (events_.size() < 2) return -1;
+    cudaStreamSynchronize(stream_);
+    float t = 0;
+    cudaEventElapsedTime(&t, reinterpret_cast<cudaEvent_t>(events_[0]), reinterpret_cast<cudaEvent_t>(events_[1]));
+    return t / 1e3;
+#else
+    return -1;
+#endif
+  }
   // Marks come in pairs (start, end) per step. The busy fraction between
   // the first start and the last end; -1 when not measured.
   double BusyFraction() {
@@ -116,6 +141,60 @@ class StepTimeline {
  private:
   CUstream_st* stream_ = nullptr;
   std::vector<CUevent_st*> events_;
+};
+
+// Holds the compute stream until Open(): a host function enqueued on it
+// blocks on a condition variable, so every launch made meanwhile queues up
+// behind it. A watchdog opens it after `limit` (a step that waits for its
+// own device work inside would otherwise never return), and says so.
+class StreamGate {
+ public:
+  explicit StreamGate(worker::Backend* backend) {
+#if TANDEM_HAVE_CUDA
+    if (auto* cuda = dynamic_cast<worker::CudaBackend*>(backend)) stream_ = cuda->compute_stream();
+#endif
+  }
+  bool available() const { return stream_ != nullptr; }
+  void Close() {
+#if TANDEM_HAVE_CUDA
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = false;
+    }
+    cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(stream_), &StreamGate::Wait, this);
+    watchdog_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(2), [this] { return open_; })) {
+        timed_out_ = true;
+        open_ = true;
+        cv_.notify_all();
+      }
+    });
+#endif
+  }
+  // False when the watchdog had to open it.
+  bool Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    return !timed_out_;
+  }
+
+ private:
+  static void Wait(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    std::unique_lock<std::mutex> lock(gate->mu_);
+    gate->cv_.wait(lock, [gate] { return gate->open_; });
+  }
+  CUstream_st* stream_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  bool timed_out_ = false;
+  std::thread watchdog_;
 };
 
 struct Setup {
@@ -179,12 +258,15 @@ class StepWriter {
 // oldest waited for when more than `depth` are (0: sync; 1: async, as the
 // worker's output thread does).
 absl::Status RunStep(worker::ModelRunner& runner, const v1::SchedulerOutput& step, size_t depth,
-                     std::deque<std::shared_ptr<worker::StepOutput>>& in_flight, StepTimeline* timeline) {
+                     std::deque<std::shared_ptr<worker::StepOutput>>& in_flight, StepTimeline* timeline,
+                     double* host_seconds = nullptr) {
   if (timeline) timeline->Mark();
+  const auto start = Clock::now();
   TANDEM_RETURN_IF_ERROR(runner.Execute(step));
   v1::SampleCommand sample;
   sample.set_step_seq(step.step_seq());
   TANDEM_RETURN_IF_ERROR(runner.Sample(sample));
+  if (host_seconds) *host_seconds += Since(start);
   if (timeline) timeline->Mark();
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<worker::StepOutput> out, runner.TakeOutput(step.step_seq()));
   in_flight.push_back(std::move(out));
@@ -207,6 +289,8 @@ struct DecodeFigures {
   double bandwidth_fraction = 0;
   double busy_async = -1;
   double busy_sync = -1;
+  double host_seconds = 0;     // per step, async mode
+  double device_seconds = -1;  // per step, launched behind a gate; -1: not measured
 };
 
 // Decode at batch `batch` with `context`-token contexts: prefill, warm up,
@@ -232,13 +316,45 @@ absl::StatusOr<DecodeFigures> BenchDecode(Setup& s, int32_t batch, int32_t conte
   StepTimeline async_timeline(s.backend.get());
   const auto start = Clock::now();
   for (int32_t i = 0; i < steps; ++i, ++computed) {
-    TANDEM_RETURN_IF_ERROR(RunStep(runner, writer.Decode(1, batch, computed), 1, in_flight, &async_timeline));
+    TANDEM_RETURN_IF_ERROR(
+        RunStep(runner, writer.Decode(1, batch, computed), 1, in_flight, &async_timeline, &f.host_seconds));
   }
   TANDEM_RETURN_IF_ERROR(Drain(in_flight));
   const double seconds = Since(start);
   f.step_seconds = seconds / steps;
+  f.host_seconds /= steps;
   f.tokens_per_second = batch * steps / seconds;
   f.busy_async = async_timeline.BusyFraction();
+  // The device's own time: each step queued whole behind the gate, then
+  // timed with events from the gate's opening to the step's end.
+  StreamGate gate(s.backend.get());
+  if (gate.available()) {
+    std::vector<double> device;
+    for (int32_t i = 0; i < std::min(steps, 8); ++i, ++computed) {
+      StepTimeline timeline(s.backend.get());
+      gate.Close();
+      timeline.Mark();
+      TANDEM_RETURN_IF_ERROR(runner.Execute(writer.Decode(1, batch, computed)));
+      v1::SampleCommand sample;
+      sample.set_step_seq(writer.seq());
+      TANDEM_RETURN_IF_ERROR(runner.Sample(sample));
+      timeline.Mark();
+      const bool gated = gate.Open();
+      TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<worker::StepOutput> out, runner.TakeOutput(writer.seq()));
+      TANDEM_RETURN_IF_ERROR(out->Wait());
+      if (!gated) {
+        std::printf("device time not measured: the step waited for its own device work\n");
+        device.clear();
+        ++computed;  // the step ran: the loop's increment is skipped
+        break;
+      }
+      device.push_back(timeline.FirstPairSeconds());
+    }
+    if (!device.empty()) {
+      std::sort(device.begin(), device.end());
+      f.device_seconds = device[device.size() / 2];
+    }
+  }
   StepTimeline sync_timeline(s.backend.get());
   for (int32_t i = 0; i < steps; ++i, ++computed) {
     TANDEM_RETURN_IF_ERROR(RunStep(runner, writer.Decode(1, batch, computed), 0, in_flight, &sync_timeline));
@@ -303,6 +419,7 @@ absl::StatusOr<Setup> Load(const std::string& path, const worker::BackendChoice&
 
 int Main(const std::vector<std::string>& args) {
   std::string model, output, batches_text = "1,64,256", backend = "cuda";
+  bool enforce_eager = false;
   int64_t device = 0, context = 128, steps = 32, prefill_tokens = 512, repeats = 5;
   FlagParser flags("gpu_bench", "The worker's step loop on one GPU: decode and prefill throughput, GPU busy fraction.");
   flags.AddString("model", &model, "GGUF model file (required)");
@@ -314,6 +431,7 @@ int Main(const std::vector<std::string>& args) {
   flags.AddInt("prefill-tokens", &prefill_tokens, "tokens of the prefill prompt", 1, kMaxStepTokens);
   flags.AddInt("repeats", &repeats, "timed prefill repeats (the median is reported)", 1, 1000);
   flags.AddString("output", &output, "write every figure to this JSON file too");
+  flags.AddBool("enforce-eager", &enforce_eager, "record no CUDA graphs: every kernel launched from the host");
   if (std::optional<int> exit_code = flags.ParseOrExitCode(args)) return *exit_code;
   std::vector<int32_t> batches;
   for (absl::string_view b : absl::StrSplit(batches_text, ',')) {
@@ -328,7 +446,7 @@ int Main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gpu_bench: flag --model is required\n");
     return 2;
   }
-  const worker::BackendChoice choice{backend, static_cast<int32_t>(device), 0};
+  const worker::BackendChoice choice{backend, static_cast<int32_t>(device), 0, "auto", enforce_eager};
   if (absl::Status s = worker::BackendAvailable(choice); !s.ok()) {
     std::printf("gpu_bench: skipped: %s\n", std::string(s.message()).c_str());
     return 77;
@@ -361,12 +479,15 @@ int Main(const std::vector<std::string>& args) {
       status = 1;
       continue;
     }
-    std::printf("%s_tokens_per_s %.1f\n%s_step_ms %.3f\n%s_hbm_fraction %.4f\n%s_busy_async %.4f\n%s_busy_sync %.4f\n",
+    std::printf("%s_tokens_per_s %.1f\n%s_step_ms %.3f\n%s_hbm_fraction %.4f\n%s_busy_async %.4f\n%s_busy_sync %.4f\n"
+                "%s_host_ms %.3f\n%s_device_ms %.3f\n",
                 name.c_str(), f->tokens_per_second, name.c_str(), f->step_seconds * 1e3, name.c_str(),
-                f->bandwidth_fraction, name.c_str(), f->busy_async, name.c_str(), f->busy_sync);
+                f->bandwidth_fraction, name.c_str(), f->busy_async, name.c_str(), f->busy_sync, name.c_str(),
+                f->host_seconds * 1e3, name.c_str(), f->device_seconds * 1e3);
     json[name] = {{"tokens_per_second", f->tokens_per_second}, {"step_ms", f->step_seconds * 1e3},
                   {"hbm_bandwidth_fraction", f->bandwidth_fraction}, {"gpu_busy_async", f->busy_async},
-                  {"gpu_busy_sync", f->busy_sync}};
+                  {"gpu_busy_sync", f->busy_sync}, {"host_ms", f->host_seconds * 1e3},
+                  {"device_ms", f->device_seconds * 1e3}};
     std::fflush(stdout);
   }
   auto p = BenchPrefill(*setup, static_cast<int32_t>(prefill_tokens), static_cast<int32_t>(repeats));
@@ -381,6 +502,16 @@ int Main(const std::vector<std::string>& args) {
     json[name] = {{"error", std::string(p.status().message())}};
     status = 1;
   }
+#if TANDEM_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<worker::CudaBackend*>(setup->backend.get())) {
+    const worker::CudaGraphCounts g = cuda->graph_counts();
+    std::printf("graphs eager %lld, captured %lld, replayed %lld, failed captures %lld\n",
+                static_cast<long long>(g.eager), static_cast<long long>(g.captures),
+                static_cast<long long>(g.replays), static_cast<long long>(g.failed_captures));
+    json["graphs"] = {{"eager", g.eager}, {"captures", g.captures}, {"replays", g.replays},
+                      {"failed_captures", g.failed_captures}};
+  }
+#endif
   if (!output.empty()) std::ofstream(output) << json.dump(2) << "\n";
   return status;
 }

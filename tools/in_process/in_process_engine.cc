@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<InProcessEngine>> InProcessEngine::Create(const I
   int64_t blocks = std::numeric_limits<int64_t>::max();
   for (int32_t s = 0; s < stages; ++s) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<worker::Backend> backend,
-                            worker::MakeBackend({options.backend, options.device, threads, options.kv_cache_dtype}));
+                            worker::MakeBackend({options.backend, options.device, threads, options.kv_cache_dtype,
+                                                                 options.enforce_eager}));
     e->backends_.push_back(std::move(backend));
     TANDEM_ASSIGN_OR_RETURN(auto model, worker::LlamaModel::Load(*e->file_, e->config_, e->backends_.back().get(),
                                                                  worker::PipelineStage(e->config_.num_layers, stages, s)));

@@ -43,6 +43,7 @@ struct InProcessEngineOptions {
   std::string backend = "cpu";                // cpu | cuda
   int32_t device = 0;                         // the CUDA device of every stage
   std::string kv_cache_dtype = "auto";        // worker::BackendChoice::kv_cache_dtype
+  bool enforce_eager = false;                 // worker::BackendChoice::enforce_eager
   bool async_scheduling = true;
   int32_t block_size = 16;
   int32_t max_num_seqs = 64;

@@ -60,7 +60,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   int64_t kv_cache_memory = int64_t{1} << 30;
   int64_t device = 0, pipeline_parallel_size = 1;
-  bool async_scheduling = true, ignore_eos = false, json = false;
+  bool async_scheduling = true, ignore_eos = false, json = false, enforce_eager = false;
   std::string connect, backend = "cpu", kv_cache_dtype = "auto";
   FlagParser flags("tandem generate",
                    "Generates a continuation of --prompt with the in-process engine and prints it.\n"
@@ -81,6 +81,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddInt("device", &device, "the CUDA device (--backend cuda); every stage runs on it", 0, 1023);
   flags.AddString("kv-cache-dtype", &kv_cache_dtype,
                   "KV cache element type: float16, float32, or auto (float16 on the CPU, float32 on CUDA)");
+  flags.AddBool("enforce-eager", &enforce_eager, "--backend cuda: record no CUDA graphs (launch every kernel)");
   flags.AddInt("pipeline-parallel-size", &pipeline_parallel_size, "pipeline stages, as threads of this process", 1,
                64);
   flags.AddBool("async-scheduling", &async_scheduling, "plan step N+1 while step N runs");
@@ -126,6 +127,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   options.backend = backend;
   options.device = static_cast<int32_t>(device);
   options.kv_cache_dtype = kv_cache_dtype;
+  options.enforce_eager = enforce_eager;
   options.pipeline_parallel_size = static_cast<int32_t>(pipeline_parallel_size);
   const auto load_start = std::chrono::steady_clock::now();
   auto engine = InProcessEngine::Create(options);

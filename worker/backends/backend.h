@@ -20,7 +20,9 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/gguf/gguf_file.h"
@@ -128,7 +130,8 @@ struct WriteKvParams {
   KvCacheLayer cache;
   const float* k;              // [num_tokens, num_kv_heads * head_dim]
   const float* v;
-  const int64_t* slots;        // [num_tokens]: block * block_size + offset
+  const int64_t* slots;        // [num_tokens]: block * block_size + offset;
+                               // a negative slot writes nothing (a padded row)
   int32_t num_tokens;
   int32_t kv_width;            // num_kv_heads * head_dim
 };
@@ -303,6 +306,22 @@ class Backend {
   // the CPU backend returns InvalidArgument; a device backend, which cannot
   // read the rows before its kernel does, ignores that penalty or mask.
   virtual absl::Status Sample(const SampleParams& p) = 0;
+
+  // --- recorded work ---
+  // Runs `body`, which only enqueues device work through this backend (no
+  // host waits, no uploads or downloads). A device backend may record it
+  // (a CUDA graph) and replay the recording instead of calling `body` when
+  // the same `key` comes again: `key` must hold every host value and device
+  // address the enqueued work depends on, and the memory behind those
+  // addresses must outlive the steps that use them (the caller's buffers are
+  // grow-only; a reallocation changes the key). A backend's own scratch
+  // growing makes its recordings stale (it records again). The device
+  // values read (token ids, positions, block tables) are read at replay, so
+  // one recording serves every step of the same shape. Default: runs body.
+  virtual absl::Status RunRecorded(const std::vector<int64_t>& key, absl::FunctionRef<absl::Status()> body) {
+    (void)key;
+    return body();
+  }
 };
 
 }  // namespace tandem::worker

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,7 @@ absl::Status LlamaModel::AllocateKvCache(int32_t num_blocks, int32_t block_size)
   }
   num_kv_blocks_ = num_blocks;
   block_size_ = block_size;
+  ++buffers_generation_;
   return absl::OkStatus();
 }
 
@@ -119,6 +121,7 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens) {
   TANDEM_ASSIGN_OR_RETURN(up_, backend_->Allocate(t * config_.intermediate_size * f));
   TANDEM_ASSIGN_OR_RETURN(rows_, backend_->Allocate(t * config_.hidden_size * f));
   scratch_tokens_ = static_cast<int32_t>(t);
+  ++buffers_generation_;
   return absl::OkStatus();
 }
 
@@ -163,10 +166,42 @@ absl::Status LlamaModel::RunLayer(Layer& layer, const ForwardInputs& in) {
   return backend_->Matmul({gate_->as<float>(), &layer.down, n, x, /*accumulate=*/true});
 }
 
-absl::Status LlamaModel::Forward(const ForwardInputs& in, const float* hidden_in, float* hidden_out, float* logits) {
+std::vector<int64_t> LlamaModel::RecordingKey(const ForwardInputs& in, const float* hidden_in,
+                                              const float* hidden_out, const float* logits) const {
+  auto address = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); };
+  return {address(this),
+          buffers_generation_,
+          in.num_tokens,
+          in.num_seqs,
+          in.max_seq_len,
+          in.max_query_len,
+          in.num_logits_rows,
+          address(in.input_ids),
+          address(in.positions),
+          address(in.kv_slots),
+          address(in.query_start),
+          address(in.seq_lens),
+          address(in.block_table_start),
+          address(in.block_tables),
+          address(in.logits_rows),
+          address(hidden_in),
+          address(hidden_out),
+          address(logits)};
+}
+
+absl::Status LlamaModel::Forward(const ForwardInputs& raw, const float* hidden_in, float* hidden_out, float* logits) {
   if (num_kv_blocks_ == 0) return absl::FailedPreconditionError("the KV cache is not allocated");
-  if (in.num_tokens <= 0) return absl::InvalidArgumentError("a forward pass needs at least one token");
-  TANDEM_RETURN_IF_ERROR(EnsureScratch(in.num_tokens));
+  if (raw.num_tokens <= 0) return absl::InvalidArgumentError("a forward pass needs at least one token");
+  // Allocation happens here, outside what a backend records.
+  TANDEM_RETURN_IF_ERROR(EnsureScratch(raw.num_tokens));
+  ForwardInputs in = raw;
+  in.max_seq_len = (raw.max_seq_len + kSeqLenBucket - 1) / kSeqLenBucket * kSeqLenBucket;
+  return backend_->RunRecorded(RecordingKey(in, hidden_in, hidden_out, logits),
+                               [&] { return ForwardPass(in, hidden_in, hidden_out, logits); });
+}
+
+absl::Status LlamaModel::ForwardPass(const ForwardInputs& in, const float* hidden_in, float* hidden_out,
+                                     float* logits) {
   const int64_t width = config_.hidden_size;
   float* x = x_->as<float>();
   if (is_first_stage()) {

@@ -75,7 +75,18 @@ class LlamaModel {
   // Runs the stage. `hidden_in` (middle/last stages) and `hidden_out`
   // (first/middle stages) are [num_tokens, hidden]; `logits` (last stage) is
   // [num_logits_rows, vocab]. All are device pointers.
+  // The pass goes through Backend::RunRecorded, keyed by the step's shape
+  // and buffers, so a device backend replays one recording for every step
+  // of the same shape (decode steps whose contexts grow by a token are).
   absl::Status Forward(const ForwardInputs& in, const float* hidden_in, float* hidden_out, float* logits);
+
+  // Steps' max_seq_len is passed on rounded up to a multiple of this (still
+  // a bound), so that it changes once in this many tokens, not every step.
+  static constexpr int32_t kSeqLenBucket = 256;
+  // The key Forward gives RunRecorded for `in` (with max_seq_len as passed
+  // on): every host value and address the pass's launches depend on.
+  std::vector<int64_t> RecordingKey(const ForwardInputs& in, const float* hidden_in, const float* hidden_out,
+                                    const float* logits) const;
 
  private:
   // Bytes of K (or V) one layer's block of `block_size` tokens takes.
@@ -93,6 +104,7 @@ class LlamaModel {
   absl::Status LoadWeights(const gguf::GgufFile& file);
   absl::Status EnsureScratch(int32_t num_tokens);
   absl::Status RunLayer(Layer& layer, const ForwardInputs& in);
+  absl::Status ForwardPass(const ForwardInputs& in, const float* hidden_in, float* hidden_out, float* logits);
 
   const gguf::LlamaConfig config_;
   Backend* const backend_;
@@ -109,6 +121,9 @@ class LlamaModel {
 
   // Activations, grown to the largest step seen.
   int32_t scratch_tokens_ = 0;
+  // Bumped whenever the activations or the KV cache are (re)allocated: their
+  // addresses are in every recording.
+  int64_t buffers_generation_ = 0;
   std::unique_ptr<DeviceBuffer> x_, h_, q_, k_, v_, attn_, gate_, up_, rows_;
 };
 

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "worker/backends/cpu/cpu_backend.h"
 #include "worker/backends/cpu/quant_gemm.h"
+#include "worker/testing/forwarding_backend.h"
 #include "worker/testing/reference_llama.h"
 
 namespace tandem::worker {
@@ -348,6 +349,89 @@ TEST(LlamaModelStagesTest, StagesSplitTheLayers) {
   EXPECT_TRUE(!(*last)->is_first_stage() && (*last)->is_last_stage());
   EXPECT_EQ((*first)->KvBytesPerBlock(16) + (*last)->KvBytesPerBlock(16), (*whole)->KvBytesPerBlock(16));
   EXPECT_FALSE(LlamaModel::Load(**file, *config, &backend, {2, 5}).ok());
+}
+
+// Forward's recording key (Backend::RunRecorded): what a device backend
+// replays one CUDA graph for must look the same, and what needs another
+// recording must not. Keys only: the CPU backend runs every body.
+class KeyRecordingBackend : public testing::ForwardingBackend {
+ public:
+  using testing::ForwardingBackend::ForwardingBackend;
+  absl::Status RunRecorded(const std::vector<int64_t>& key, absl::FunctionRef<absl::Status()> body) override {
+    keys.push_back(key);
+    return body();
+  }
+  std::vector<std::vector<int64_t>> keys;
+};
+
+TEST(RecordingKeyTest, DecodeStepsOfOneShapeShareAKey) {
+  gguf::RandomLlamaOptions options;
+  options.layers = 2;
+  options.context = 1024;
+  auto image = gguf::MakeRandomLlama(options);
+  ASSERT_TRUE(image.ok());
+  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+  ASSERT_TRUE(file.ok());
+  auto config = gguf::ReadLlamaConfig(**file);
+  ASSERT_TRUE(config.ok());
+  KeyRecordingBackend backend(std::make_unique<CpuBackend>(1));
+  auto model = LlamaModel::Load(**file, *config, &backend, {});
+  ASSERT_TRUE(model.ok());
+  constexpr int32_t kBlocksPerSeq = 20, kMaxTokens = 300;
+  ASSERT_TRUE((*model)->AllocateKvCache(2 * kBlocksPerSeq + 1, kBlockSize * 4).ok());
+  // Grow-only buffers, as the model runner's: the same addresses every step.
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  for (int i = 0; i < 9; ++i) buffers.push_back(backend.Allocate(kMaxTokens * sizeof(int64_t) * 64).value());
+  auto put = [&](int i, const auto& host) {
+    EXPECT_TRUE(backend.Upload(*buffers[i], 0, host.data(), host.size() * sizeof(host[0])).ok());
+    return buffers[i]->data();
+  };
+  // One step: `queries` tokens of each sequence, ending at its context.
+  auto step = [&](const std::vector<int32_t>& contexts, int32_t queries) {
+    std::vector<TokenId> ids;
+    std::vector<int32_t> positions, query_start{0}, table_start{0}, rows;
+    std::vector<int64_t> slots;
+    std::vector<BlockId> tables;
+    ForwardInputs in;
+    for (size_t s = 0; s < contexts.size(); ++s) {
+      for (int32_t p = contexts[s] - queries; p < contexts[s]; ++p) {
+        ids.push_back(p % config->vocab_size);
+        positions.push_back(p);
+        slots.push_back(int64_t(1 + s * kBlocksPerSeq) * kBlockSize * 4 + p);
+      }
+      rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      query_start.push_back(static_cast<int32_t>(ids.size()));
+      for (int32_t b = 0; b < kBlocksPerSeq; ++b) tables.push_back(static_cast<BlockId>(1 + s * kBlocksPerSeq + b));
+      table_start.push_back(static_cast<int32_t>(tables.size()));
+      in.max_seq_len = std::max(in.max_seq_len, contexts[s]);
+    }
+    in.input_ids = static_cast<const TokenId*>(put(0, ids));
+    in.positions = static_cast<const int32_t*>(put(1, positions));
+    in.kv_slots = static_cast<const int64_t*>(put(2, slots));
+    in.num_tokens = static_cast<int32_t>(ids.size());
+    in.query_start = static_cast<const int32_t*>(put(3, query_start));
+    in.seq_lens = static_cast<const int32_t*>(put(4, contexts));
+    in.block_table_start = static_cast<const int32_t*>(put(5, table_start));
+    in.block_tables = static_cast<const BlockId*>(put(6, tables));
+    in.num_seqs = static_cast<int32_t>(contexts.size());
+    in.max_query_len = queries;
+    in.logits_rows = static_cast<const int32_t*>(put(7, rows));
+    in.num_logits_rows = static_cast<int32_t>(rows.size());
+    const size_t before = backend.keys.size();
+    EXPECT_TRUE((*model)->Forward(in, nullptr, nullptr, buffers[8]->as<float>()).ok());
+    EXPECT_EQ(backend.keys.size(), before + 1) << "one recorded body a pass";
+    return backend.keys.back();
+  };
+  const std::vector<int64_t> decode = step({130, 17}, 1);
+  EXPECT_EQ(step({131, 18}, 1), decode) << "a token more of context is the same launch";
+  EXPECT_EQ(step({256, 40}, 1), decode) << "up to the 256-token bucket's end";
+  EXPECT_NE(step({131}, 1), decode) << "another batch";
+  EXPECT_NE(step({132, 19}, 2), decode) << "two queries a sequence";
+  const std::vector<int64_t> longer = step({257, 18}, 1);
+  EXPECT_NE(longer, decode) << "past 256 tokens the attention splits differently";
+  EXPECT_EQ(step({300, 60}, 1), longer);
+  step({280, 200}, 140);  // more tokens than the activations held: they grow and move
+  EXPECT_NE(step({300, 60}, 1), longer) << "the activations moved";
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ struct BackendChoice {
   // (the backend's default: half floats on the CPU, float32 on CUDA),
   // float16 (the CPU only) or float32.
   std::string kv_cache_dtype = "auto";
+  // cuda: run every forward pass eagerly, recording no CUDA graphs (vLLM's
+  // --enforce-eager; for debugging, or to measure what the graphs save).
+  bool enforce_eager = false;
 };
 
 // The KV cache's element type for `choice`: InvalidArgument for an unknown

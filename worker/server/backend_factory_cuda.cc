@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendChoice& choice
   if (choice.backend == "cpu") return MakeCpuBackend(choice);
   CudaBackendOptions options;
   options.device = choice.device;
+  options.graphs = !choice.enforce_eager;
   auto backend = CudaBackend::Create(options);
   if (!backend.ok()) return Prefixed(choice, backend.status());
   return std::unique_ptr<Backend>(std::move(backend).value());

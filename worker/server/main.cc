@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.comm = f.comm;
   o.kv_cache_dtype = f.kv_cache_dtype;
+  o.enforce_eager = f.enforce_eager;
   if (p.tls.enabled()) {  // the same files secure the worker-to-worker channel
     auto comm_tls = tandem::worker::TlsContext::Load(p.tls.cert, p.tls.key, p.tls.ca);
     if (!comm_tls.ok()) {

@@ -24,6 +24,9 @@ void WorkerFlags::Register(FlagParser* flags) {
   flags->AddString("kv-cache-dtype", &kv_cache_dtype,
                    "how the KV cache holds keys and values: float16, float32, or auto (float16 on the CPU, float32 "
                    "on CUDA, whose cache is float32 only)");
+  flags->AddBool("enforce-eager", &enforce_eager,
+                 "--backend cuda: launch every forward pass's kernels one by one instead of replaying recorded CUDA "
+                 "graphs (slower at small batches; for debugging)");
 }
 
 absl::Status WorkerFlags::Validate() const {
@@ -57,7 +60,8 @@ std::vector<std::string> WorkerFlags::ToArgs() const {
           absl::StrCat("--device=", device),
           absl::StrCat("--gpu-memory-utilization=", gpu_memory_utilization),
           absl::StrCat("--comm=", comm),
-          absl::StrCat("--kv-cache-dtype=", kv_cache_dtype)};
+          absl::StrCat("--kv-cache-dtype=", kv_cache_dtype),
+          absl::StrCat("--enforce-eager=", enforce_eager ? "true" : "false")};
 }
 
 void WorkerPlacementFlags::Register(FlagParser* flags) {

@@ -46,6 +46,7 @@ struct WorkerFlags {
   double gpu_memory_utilization = 0.9;          // fraction of the device's total memory
   std::string comm = "auto";                    // auto | nccl | tcp
   std::string kv_cache_dtype = "auto";          // auto | float16 | float32
+  bool enforce_eager = false;                   // cuda: no CUDA graphs
 
   // Registers every flag above; the current values are the defaults shown.
   void Register(FlagParser* flags);

@@ -17,7 +17,7 @@ TEST(WorkerFlagsTest, ArgsRoundTripThroughTheParser) {
   ASSERT_TRUE(flags
                   .Parse({"--kv-cache-memory", "96MiB", "--threads=3", "--peer-timeout=4.5", "--backend=cuda",
                           "--device", "2", "--gpu-memory-utilization=0.45", "--comm=tcp",
-                          "--kv-cache-dtype=float32"})
+                          "--kv-cache-dtype=float32", "--enforce-eager"})
                   .ok());
   EXPECT_EQ(f.kv_cache_memory, int64_t{96} << 20);
   ASSERT_TRUE(f.Validate().ok());
@@ -33,6 +33,7 @@ TEST(WorkerFlagsTest, ArgsRoundTripThroughTheParser) {
   EXPECT_DOUBLE_EQ(again.gpu_memory_utilization, 0.45);
   EXPECT_EQ(again.comm, "tcp");
   EXPECT_EQ(again.kv_cache_dtype, "float32");
+  EXPECT_TRUE(again.enforce_eager);
 }
 
 TEST(WorkerFlagsTest, DefaultsAreTheCpuBackendAndVllmsUtilization) {
@@ -42,6 +43,7 @@ TEST(WorkerFlagsTest, DefaultsAreTheCpuBackendAndVllmsUtilization) {
   EXPECT_DOUBLE_EQ(f.gpu_memory_utilization, 0.9);
   EXPECT_EQ(f.comm, "auto");
   EXPECT_EQ(f.kv_cache_dtype, "auto");
+  EXPECT_FALSE(f.enforce_eager);  // CUDA graphs on, as vLLM's default
   EXPECT_TRUE(f.Validate().ok());
 }
 

@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   choice.device = options.device;
   choice.threads = options.threads;
   choice.kv_cache_dtype = options.kv_cache_dtype;
+  choice.enforce_eager = options.enforce_eager;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(choice));
   return Create(options, std::move(backend));
 }

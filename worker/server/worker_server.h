@@ -83,6 +83,7 @@ struct WorkerOptions {
   int32_t profile_rows = 128;
   std::string comm = "auto";  // auto | nccl | tcp
   std::string kv_cache_dtype = "auto";  // BackendChoice::kv_cache_dtype
+  bool enforce_eager = false;           // BackendChoice::enforce_eager
   // Benchmarks only (tandem-worker --fake-model): no backend and no weights;
   // steps run on FakeStageRunner, whose model costs nothing, so what is
   // measured is the control plane. The model file gives only its shape.

@@ -50,6 +50,9 @@ class ForwardingBackend : public Backend {
   absl::Status GatherRows(const GatherRowsParams& p) override { return inner_->GatherRows(p); }
   absl::Status CopyTokens(const CopyTokensParams& p) override { return inner_->CopyTokens(p); }
   absl::Status Sample(const SampleParams& p) override { return inner_->Sample(p); }
+  absl::Status RunRecorded(const std::vector<int64_t>& key, absl::FunctionRef<absl::Status()> body) override {
+    return inner_->RunRecorded(key, body);
+  }
 
  private:
   const std::unique_ptr<Backend> inner_;

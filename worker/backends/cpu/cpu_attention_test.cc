@@ -145,16 +145,23 @@ TEST(CpuAttentionRejectTest, HeadsThatDoNotDivide) {
 }
 
 // WriteKv into a half-float cache: each token's keys and values, rounded as
-// FloatsToHalves rounds, at its slot, and no other slot touched.
+// FloatsToHalves rounds, at its slot, and no other slot touched; a negative
+// slot (a padded row) writes nothing, not even in front of the cache.
 TEST(CpuWriteKvTest, AHalfCacheTakesTheRoundedRowsAtTheirSlots) {
-  const int32_t width = 3 * 64, tokens = 3, slots_total = 8;
+  const int32_t width = 3 * 64, tokens = 4, slots_total = 8;
   std::vector<float> k(tokens * width), v(k.size());
   for (size_t i = 0; i < k.size(); ++i) k[i] = 0.1f * static_cast<float>(i) - 7.0f, v[i] = 1.0f / (1.0f + i);
-  const std::vector<int64_t> slots = {5, 0, 6};
-  std::vector<uint16_t> ck(slots_total * width, 0xFFFF), cv(ck.size(), 0xFFFF);
+  const std::vector<int64_t> slots = {5, -1, 0, 6};
+  // One slot's width of guard before the cache: slot -1 would land there.
+  std::vector<uint16_t> k_guarded((slots_total + 1) * width, 0xFFFF), v_guarded(k_guarded.size(), 0xFFFF);
+  uint16_t* ck = k_guarded.data() + width;
+  uint16_t* cv = v_guarded.data() + width;
   CpuBackend backend(1);
-  ASSERT_TRUE(backend.WriteKv({{ck.data(), cv.data(), KvType::kF16}, k.data(), v.data(), slots.data(), tokens, width})
-                  .ok());
+  ASSERT_TRUE(backend.WriteKv({{ck, cv, KvType::kF16}, k.data(), v.data(), slots.data(), tokens, width}).ok());
+  for (int32_t i = 0; i < width; ++i) {
+    ASSERT_EQ(k_guarded[i], 0xFFFF) << "the negative slot wrote in front of the cache";
+    ASSERT_EQ(v_guarded[i], 0xFFFF) << "the negative slot wrote in front of the cache";
+  }
   for (int32_t slot = 0; slot < slots_total; ++slot) {
     const auto t = std::find(slots.begin(), slots.end(), slot) - slots.begin();
     for (int32_t i = 0; i < width; ++i) {

@@ -252,7 +252,8 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
 absl::Status CpuBackend::WriteKv(const WriteKvParams& p) {
   const size_t width = p.kv_width;
   for (int32_t t = 0; t < p.num_tokens; ++t) {
-    const size_t slot = p.slots[t];
+    if (p.slots[t] < 0) continue;  // as the device kernels: a padded row
+    const size_t slot = static_cast<size_t>(p.slots[t]);
     const float* k = p.k + t * width;
     const float* v = p.v + t * width;
     if (p.cache.type == KvType::kF32) {

@@ -136,6 +136,11 @@ DeviceScratch::~DeviceScratch() {
 
 absl::StatusOr<void*> DeviceScratch::Ensure(size_t bytes) {
   if (bytes <= bytes_ && data_ != nullptr) return data_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError("device scratch would grow inside a graph capture");
+  }
+  if (generation_ != nullptr) ++*generation_;
   const size_t grown = std::max({bytes, bytes_ + bytes_ / 2, size_t{256}});
   if (data_ != nullptr) {
     TANDEM_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(data_, stream_), "cudaFreeAsync (scratch)"));
@@ -264,6 +269,7 @@ void PinnedPool::GiveEvent(cudaEvent_t event) {
 CudaBackend::Impl::~Impl() {
   if (streams == nullptr) return;
   cudaSetDevice(device);
+  graphs.reset();  // drains the compute stream if a graph may run
   cudaStreamSynchronize(streams->compute);
   if (cublas != nullptr) cublasDestroy(cublas);
   if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
@@ -302,8 +308,9 @@ absl::Status CudaBackend::Impl::Init(int32_t device_index) {
       CublasStatus(cublasSetWorkspace(cublas, cublas_workspace, kCublasWorkspaceBytes), "cublasSetWorkspace"));
 
   TANDEM_RETURN_IF_ERROR(staging.Init(streams->compute));
-  matmul_input.Bind(streams->compute);
-  attention_workspace.Bind(streams->compute);
+  graphs = std::make_unique<GraphCache>(streams->compute, kGraphCapacity);
+  matmul_input.Bind(streams->compute, &scratch_generation);
+  attention_workspace.Bind(streams->compute, &scratch_generation);
   for (DeviceScratch& s : sampling_scratch) s.Bind(streams->compute);
   return absl::OkStatus();
 }
@@ -478,39 +485,78 @@ absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
   return LaunchEmbedding(p, compute_);
 }
 
-absl::Status CudaBackend::Matmul(const MatmulParams& p) {
-  if (p.w == nullptr || p.w->buffer == nullptr) return Invalid("matmul", "no weight");
-  const Weight& w = *p.w;
+absl::Status CudaBackend::CheckMatmul(const Weight& w, int64_t m) const {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  if (p.m < 0 || p.m > kIntMax || w.rows <= 0 || w.rows > kIntMax || w.cols <= 0 || w.cols > kIntMax) {
-    return Invalid("matmul", absl::StrCat("shape m ", p.m, ", weight ", w.rows, " x ", w.cols));
+  if (w.buffer == nullptr) return Invalid("matmul", "no weight");
+  if (m < 0 || m > kIntMax || w.rows <= 0 || w.rows > kIntMax || w.cols <= 0 || w.cols > kIntMax) {
+    return Invalid("matmul", absl::StrCat("shape m ", m, ", weight ", w.rows, " x ", w.cols));
   }
   if (w.format != kCudaWeightBf16 && w.format != kCudaWeightFp32) {
     return Invalid("matmul", absl::StrCat("weight format ", w.format, " is not the CUDA backend's"));
   }
-  if (p.m == 0) return absl::OkStatus();
-  if (p.x == nullptr || p.y == nullptr) return Invalid("matmul", "null x or y");
-  TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
-  const GemmShape g = RowMajorXWtShape(p.m, w.rows, w.cols);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const void*> CudaBackend::MatmulInput(const Weight& w, const float* x, int64_t m) {
+  if (w.format != kCudaWeightBf16) return static_cast<const void*>(x);
+  // bf16 x bf16 products accumulated in fp32 (CUBLAS_COMPUTE_32F): x is
+  // rounded to bf16 first, as the weight was at load.
+  const int64_t n = m * w.cols;
+  TANDEM_ASSIGN_OR_RETURN(void* x16, impl_->matmul_input.Ensure(static_cast<size_t>(n) * sizeof(uint16_t)));
+  TANDEM_RETURN_IF_ERROR(LaunchCastToBf16(x, n, static_cast<uint16_t*>(x16), compute_));
+  return static_cast<const void*>(x16);
+}
+
+absl::Status CudaBackend::Gemm(const Weight& w, const void* x, int64_t m, float* y, bool accumulate) {
+  const GemmShape g = RowMajorXWtShape(m, w.rows, w.cols);
   const float alpha = 1.0f;
-  const float beta = p.accumulate ? 1.0f : 0.0f;
-  const void* b = p.x;
-  cudaDataType_t ab_type = CUDA_R_32F;
-  if (w.format == kCudaWeightBf16) {
-    // bf16 x bf16 products accumulated in fp32 (CUBLAS_COMPUTE_32F): x is
-    // rounded to bf16 first, as the weight was at load.
-    const int64_t n = p.m * w.cols;
-    TANDEM_ASSIGN_OR_RETURN(void* x16, impl_->matmul_input.Ensure(static_cast<size_t>(n) * sizeof(uint16_t)));
-    TANDEM_RETURN_IF_ERROR(LaunchCastToBf16(p.x, n, static_cast<uint16_t*>(x16), compute_));
-    b = x16;
-    ab_type = CUDA_R_16BF;
-  }
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t ab_type = w.format == kCudaWeightBf16 ? CUDA_R_16BF : CUDA_R_32F;
   return CublasStatus(
       cublasGemmEx(impl_->cublas, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, g.transb ? CUBLAS_OP_T : CUBLAS_OP_N,
                    static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, w.buffer->data(),
-                   ab_type, static_cast<int>(g.lda), b, ab_type, static_cast<int>(g.ldb), &beta, p.y, CUDA_R_32F,
+                   ab_type, static_cast<int>(g.lda), x, ab_type, static_cast<int>(g.ldb), &beta, y, CUDA_R_32F,
                    static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
+}
+
+absl::Status CudaBackend::Matmul(const MatmulParams& p) {
+  if (p.w == nullptr) return Invalid("matmul", "no weight");
+  TANDEM_RETURN_IF_ERROR(CheckMatmul(*p.w, p.m));
+  if (p.m == 0) return absl::OkStatus();
+  if (p.x == nullptr || p.y == nullptr) return Invalid("matmul", "null x or y");
+  TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  TANDEM_ASSIGN_OR_RETURN(const void* x, MatmulInput(*p.w, p.x, p.m));
+  return Gemm(*p.w, x, p.m, p.y, p.accumulate);
+}
+
+absl::Status CudaBackend::MatmulGroup(const MatmulGroupParams& p) {
+  if (p.count < 1 || p.count > MatmulGroupParams::kMaxWeights) return Invalid("matmul", "a group of 1 to 3 weights");
+  for (int32_t i = 0; i < p.count; ++i) {
+    if (p.w[i] == nullptr) return Invalid("matmul", "no weight");
+    TANDEM_RETURN_IF_ERROR(CheckMatmul(*p.w[i], p.m));
+    if (p.w[i]->cols != p.w[0]->cols || p.w[i]->format != p.w[0]->format) {
+      return Invalid("matmul", "a group's weights differ in columns or format");
+    }
+    if (p.y[i] == nullptr) return Invalid("matmul", "null y");
+  }
+  if (p.m == 0) return absl::OkStatus();
+  if (p.x == nullptr) return Invalid("matmul", "null x");
+  TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  TANDEM_ASSIGN_OR_RETURN(const void* x, MatmulInput(*p.w[0], p.x, p.m));
+  for (int32_t i = 0; i < p.count; ++i) TANDEM_RETURN_IF_ERROR(Gemm(*p.w[i], x, p.m, p.y[i], false));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunRecorded(const std::vector<int64_t>& key, absl::FunctionRef<absl::Status()> body) {
+  if (!options_.graphs) return body();
+  TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  return impl_->graphs->Run(key, impl_->scratch_generation, body);
+}
+
+CudaGraphCounts CudaBackend::graph_counts() const {
+  const GraphStats& s = impl_->graphs->stats();
+  return {s.eager, s.captures, s.replays, s.failed_captures};
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {

@@ -33,6 +33,17 @@ enum class CudaWeightType { kBf16, kFp32 };
 struct CudaBackendOptions {
   int32_t device = 0;
   CudaWeightType weight_type = CudaWeightType::kBf16;
+  // RunRecorded records CUDA graphs (cuda_graphs.h); false runs every pass
+  // eagerly (vLLM's --enforce-eager).
+  bool graphs = true;
+};
+
+// What RunRecorded did (cuda_graphs.h).
+struct CudaGraphCounts {
+  int64_t eager = 0;
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t failed_captures = 0;
 };
 
 struct CudaMemoryInfo {
@@ -58,6 +69,7 @@ class CudaBackend : public Backend {
   // the device (bf16 or fp32).
   int64_t weight_bytes() const;
   CUstream_st* compute_stream() const { return compute_; }
+  CudaGraphCounts graph_counts() const;
   CUstream_st* copy_stream() const { return copy_; }
 
   // Backend: see backend.h.
@@ -79,6 +91,8 @@ class CudaBackend : public Backend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> LoadVector(const gguf::GgufTensor& tensor) override;
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status Matmul(const MatmulParams& p) override;
+  // One cast of x to bf16 for the group's GEMMs (not one per weight).
+  absl::Status MatmulGroup(const MatmulGroupParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status WriteKv(const WriteKvParams& p) override;
@@ -89,8 +103,14 @@ class CudaBackend : public Backend {
   absl::Status GatherRows(const GatherRowsParams& p) override;
   absl::Status CopyTokens(const CopyTokensParams& p) override;
   absl::Status Sample(const SampleParams& p) override;
+  absl::Status RunRecorded(const std::vector<int64_t>& key, absl::FunctionRef<absl::Status()> body) override;
 
  private:
+  // Matmul's checks, x as the GEMM reads it (cast to bf16 into scratch for
+  // bf16 weights), and the GEMM.
+  absl::Status CheckMatmul(const Weight& w, int64_t m) const;
+  absl::StatusOr<const void*> MatmulInput(const Weight& w, const float* x, int64_t m);
+  absl::Status Gemm(const Weight& w, const void* x, int64_t m, float* y, bool accumulate);
   class Impl;
   CudaBackend(const CudaBackendOptions& options, std::unique_ptr<Impl> impl, CUstream_st* compute,
               CUstream_st* copy);

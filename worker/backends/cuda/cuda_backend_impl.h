@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/backends/cuda/cuda_backend.h"
+#include "worker/backends/cuda/cuda_graphs.h"
 
 namespace tandem::worker {
 
@@ -68,16 +69,23 @@ class DeviceScratch {
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   ~DeviceScratch();
 
-  // Binds the buffer to its stream; called once by Impl::Init.
-  void Bind(cudaStream_t stream) { stream_ = stream; }
+  // Binds the buffer to its stream; called once by Impl::Init. When
+  // `generation` is given, each growth increments it (recorded graphs that
+  // hold the old address are then stale: cuda_graphs.h).
+  void Bind(cudaStream_t stream, uint64_t* generation = nullptr) {
+    stream_ = stream;
+    generation_ = generation;
+  }
   // A device buffer of at least `bytes` (grown by at least half when it
-  // grows, so a slowly rising size reallocates rarely).
+  // grows, so a slowly rising size reallocates rarely). FailedPrecondition
+  // when it would grow while the stream is being captured into a graph.
   absl::StatusOr<void*> Ensure(size_t bytes);
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
   cudaStream_t stream_ = nullptr;
+  uint64_t* generation_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -150,6 +158,10 @@ class CudaBackend::Impl {
   static constexpr int kSamplingScratchSlots = 4;
   // cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  // Recorded passes kept: a serving worker sees a few dozen decode shapes
+  // (batch sizes, and each 256 tokens of context); a graph costs host
+  // memory only.
+  static constexpr size_t kGraphCapacity = 64;
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -173,6 +185,10 @@ class CudaBackend::Impl {
   StagingRing staging;
   std::shared_ptr<PinnedPool> pinned = std::make_shared<PinnedPool>();
 
+  // Recorded forward passes (RunRecorded), and the generation of the
+  // scratch they use (matmul_input, attention_workspace).
+  std::unique_ptr<GraphCache> graphs;
+  uint64_t scratch_generation = 0;
   DeviceScratch matmul_input;         // x cast to bf16 for bf16 GEMMs
   DeviceScratch attention_workspace;  // PagedAttentionWorkspaceBytes
   DeviceScratch sampling_scratch[kSamplingScratchSlots];

@@ -143,14 +143,15 @@ class Bf16CpuModel : public CpuBackend {
   std::vector<float> rounded_;
 };
 
-// The tiny model of the CPU backend's own forward test, with weights large
-// enough that the logits depend on the whole context.
+// A tiny model with weights large enough that the logits depend on the
+// whole context, and heads 64 wide (the device's attention has kernels for
+// 64 and 128 only).
 gguf::RandomLlamaOptions TinyLlama() {
   gguf::RandomLlamaOptions options;
   options.layers = 2;
-  options.hidden = 64;
-  options.heads = 4;
-  options.kv_heads = 2;
+  options.hidden = 128;
+  options.heads = 2;
+  options.kv_heads = 1;
   options.intermediate = 128;
   options.seed = 7;
   options.weight_scale = 0.2;
@@ -178,7 +179,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // What bf16 weights and activations cost on the tiny model, measured on the
-// host (no device needed): the largest logit moves by 2.9% of the largest
+// host (no device needed): the largest logit moves by 4.3% of the largest
 // |logit| (each bf16 rounding is within 2^-8 = 0.4%, and nine GEMM inputs
 // lie on the path from the embedding to the logits). Deterministic; the
 // bound keeps the host model honest. (SmolLM2's shapes: 1.0%.)
@@ -220,13 +221,23 @@ void ExpectForwardMatchesCpu(CudaBackend& fp32_gpu, CudaBackend& bf16_gpu, const
   const std::vector<float> got16 = RunSteps(bf16_gpu, **file, *config);
   ASSERT_EQ(got16.size(), want16.size());
   const double diff16 = MaxAbsDiff(got16, want16);
+  const double diff16_fp32 = MaxAbsDiff(got16, want);
+  const double rounding = MaxAbsDiff(want16, want);
   std::printf("%s: largest logit difference, fp32 weights vs CpuBackend %.3g; bf16 weights vs the bf16 host model "
-              "%.3g (vs CpuBackend's fp32 %.3g)\n",
-              label, diff32, diff16, MaxAbsDiff(got16, want));
+              "%.3g, vs CpuBackend's fp32 %.3g; the host model's bf16 rounding alone moves them %.3g\n",
+              label, diff32, diff16, diff16_fp32, rounding);
   ::testing::Test::RecordProperty(std::string(label) + "_max_logit_diff_fp32", std::to_string(diff32));
   ::testing::Test::RecordProperty(std::string(label) + "_max_logit_diff_bf16", std::to_string(diff16));
   EXPECT_LT(diff32, 1e-3) << label;
-  EXPECT_LT(diff16, 1e-3) << label;
+  // bf16: the device and the host model round the same values, but their
+  // fp32 sums differ in order, and a sum that lands on the other side of a
+  // bf16 rounding boundary moves the next GEMM's input by 2^-8 relative;
+  // thirty layers of that cannot be held to 1e-3 (SmolLM2's shapes: 0.013).
+  // What can be held: the device's bf16 pass stays within the rounding's
+  // own effect of the host model (it is another draw of the same rounding),
+  // and within twice that of the fp32 logits.
+  EXPECT_LT(diff16, rounding) << label;
+  EXPECT_LT(diff16_fp32, 2 * rounding) << label;
 }
 
 TEST_F(CudaBackendTest, LlamaForwardMatchesCpu) {
