@@ -19,6 +19,7 @@
 #include "worker/backends/cuda/cuda_status.h"
 #include "worker/backends/cuda/elementwise.h"
 #include "worker/backends/cuda/gemm_shape.h"
+#include "worker/backends/cuda/gemv.h"
 #include "worker/backends/cuda/paged_attention.h"
 #include "worker/backends/portable/quant.h"
 
@@ -526,9 +527,15 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   if (p.m == 0) return absl::OkStatus();
   if (p.x == nullptr || p.y == nullptr) return Invalid("matmul", "null x or y");
   TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  if (p.w->format == kCudaWeightBf16 && GemvApplies(p.x, p.m, p.w->cols, p.w->buffer->data())) {
+    return LaunchGemvBf16(
+        {p.x, p.m, p.w->cols, 1, {{p.w->buffer->as<uint16_t>(), p.w->rows, p.y}}, p.accumulate}, compute_);
+  }
   TANDEM_ASSIGN_OR_RETURN(const void* x, MatmulInput(*p.w, p.x, p.m));
   return Gemm(*p.w, x, p.m, p.y, p.accumulate);
 }
+
+static_assert(kGemvMaxWeights == MatmulGroupParams::kMaxWeights, "a group is one GEMV launch");
 
 absl::Status CudaBackend::MatmulGroup(const MatmulGroupParams& p) {
   if (p.count < 1 || p.count > MatmulGroupParams::kMaxWeights) return Invalid("matmul", "a group of 1 to 3 weights");
@@ -543,6 +550,13 @@ absl::Status CudaBackend::MatmulGroup(const MatmulGroupParams& p) {
   if (p.m == 0) return absl::OkStatus();
   if (p.x == nullptr) return Invalid("matmul", "null x");
   TANDEM_RETURN_IF_ERROR(impl_->MakeCurrent());
+  bool gemv = p.w[0]->format == kCudaWeightBf16;
+  for (int32_t i = 0; i < p.count; ++i) gemv = gemv && GemvApplies(p.x, p.m, p.w[i]->cols, p.w[i]->buffer->data());
+  if (gemv) {  // the group in one launch
+    GemvParams g{p.x, p.m, p.w[0]->cols, p.count, {}, /*accumulate=*/false};
+    for (int32_t i = 0; i < p.count; ++i) g.out[i] = {p.w[i]->buffer->as<uint16_t>(), p.w[i]->rows, p.y[i]};
+    return LaunchGemvBf16(g, compute_);
+  }
   TANDEM_ASSIGN_OR_RETURN(const void* x, MatmulInput(*p.w[0], p.x, p.m));
   for (int32_t i = 0; i < p.count; ++i) TANDEM_RETURN_IF_ERROR(Gemm(*p.w[i], x, p.m, p.y[i], false));
   return absl::OkStatus();

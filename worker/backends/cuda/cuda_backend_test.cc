@@ -33,6 +33,7 @@
 #include "worker/backends/cuda/cuda_test_util.h"
 #include "worker/backends/cuda/elementwise.h"
 #include "worker/backends/cuda/gemm_shape.h"
+#include "worker/backends/cuda/gemv.h"
 #include "worker/backends/portable/quant.h"
 
 namespace tandem::worker {
@@ -222,6 +223,23 @@ TEST(GemmShapeTest, Bf16BoundHoldsOnTheHost) {
   }
   std::printf("bf16 model error / bound: %.3f\n", worst);
   EXPECT_LE(worst, 1.0);
+}
+
+// Which shapes the decode GEMV takes (the rest go to cuBLAS).
+TEST(GemvTest, AppliesToFewAlignedRows) {
+  alignas(16) static float x[16];
+  alignas(16) static uint16_t w[16];
+  EXPECT_TRUE(GemvApplies(x, 1, 576, w));
+  EXPECT_TRUE(GemvApplies(x, kGemvMaxRows, 1536, w));
+  EXPECT_FALSE(GemvApplies(x, 0, 576, w));
+  EXPECT_FALSE(GemvApplies(x, kGemvMaxRows + 1, 576, w));
+  EXPECT_FALSE(GemvApplies(x, 1, 33, w));        // not a multiple of 8
+  EXPECT_FALSE(GemvApplies(x + 1, 1, 576, w));   // x not 16-byte aligned
+  EXPECT_FALSE(GemvApplies(x, 1, 576, w + 1));   // w not 16-byte aligned
+  GemvParams none{x, 1, 576, 0, {}, false};
+  EXPECT_EQ(LaunchGemvBf16(none, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  GemvParams misaligned{x + 1, 1, 576, 1, {{w, 4, x}}, false};
+  EXPECT_EQ(LaunchGemvBf16(misaligned, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // --- on a device ---
@@ -534,6 +552,40 @@ TEST_F(CudaBackendTest, MatmulMatchesCpuWithinTheBounds) {
                   accumulate, worst32, worst16);
       EXPECT_LE(worst32, 1.0);
       EXPECT_LE(worst16, 1.0);
+    }
+  }
+}
+
+// A group (Q, K, V shapes) in one launch gives each weight the bits of its
+// own Matmul: through the decode GEMV (m <= kGemvMaxRows) and through cuBLAS
+// (m above it), with bf16 and fp32 weights.
+TEST_F(CudaBackendTest, MatmulGroupEqualsEachMatmul) {
+  const int64_t cols = 576;
+  const std::vector<int64_t> rows = {576, 192, 192};
+  for (CudaBackend* gpu : {gpu_bf16_.get(), gpu_.get()}) {
+    std::vector<Weight> weights;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      HostTensor t = MakeTensor(gguf::GgmlType::kF32, rows[i], cols, RandomFloats(rows[i] * cols, 30 + i, 0.05f));
+      auto w = gpu->LoadWeight(t.tensor);
+      ASSERT_TRUE(w.ok()) << w.status();
+      weights.push_back(std::move(w).value());
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{5}, kGemvMaxRows, kGemvMaxRows + 1, int64_t{64}}) {
+      auto x = Put(*gpu, RandomFloats(m * cols, 33));
+      MatmulGroupParams group{x->as<float>(), m, 3, {}, {}};
+      std::vector<std::unique_ptr<DeviceBuffer>> got, want;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        got.push_back(Put(*gpu, std::vector<float>(m * rows[i], -1.0f)));
+        want.push_back(Put(*gpu, std::vector<float>(m * rows[i], -2.0f)));
+        group.w[i] = &weights[i];
+        group.y[i] = got.back()->as<float>();
+        ASSERT_TRUE(gpu->Matmul({x->as<float>(), &weights[i], m, want.back()->as<float>()}).ok());
+      }
+      ASSERT_TRUE(gpu->MatmulGroup(group).ok());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_EQ(Get<float>(*gpu, got[i]->data(), m * rows[i]), Get<float>(*gpu, want[i]->data(), m * rows[i]))
+            << "weight " << i << ", m " << m << (gpu == gpu_.get() ? ", fp32" : ", bf16");
+      }
     }
   }
 }

@@ -46,7 +46,6 @@ namespace tandem::worker {
 namespace {
 
 using attention::kChunk;
-using attention::kPartitionTokens;
 using attention::kThreads;
 using attention::kWarps;
 using attention::kWarpSize;
@@ -210,8 +209,9 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(KernelArgs a) {
     return;
   }
   if (split >= splits) return;
-  const int begin = split * kPartitionTokens;
-  const int end = min(begin + kPartitionTokens, context);
+  const int partition = attention::PartitionTokens(context);
+  const int begin = split * partition;
+  const int end = min(begin + partition, context);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   WarpState<kDim, kTile> w;

@@ -233,7 +233,7 @@ TEST(PagedAttentionGpuTest, ASequenceComputesTheSameAloneAndInABatch) {
 TEST(PagedAttentionGpuTest, UnderstatedMaxSeqLenGivesNan) {
   SKIP_WITHOUT_DEVICE();
   AttentionCase c;
-  c.seqs = {{1, 600}};
+  c.seqs = {{1, 2000}};  // 8 partitions; max_seq_len 300 gives the grid 4
   const std::vector<float> out =
       RunOnDevice(MakeAttentionInputs(c), [](AttentionParams& p) { p.max_seq_len = 300; }, /*fill=*/0);
   for (float x : out) ASSERT_TRUE(std::isnan(x));
@@ -282,10 +282,12 @@ TEST(PagedAttentionTest, WorkspaceOnlyWhenAContextSplits) {
   p.num_kv_heads = 3;
   p.head_dim = 64;
   p.max_query_len = 1;
-  p.max_seq_len = attention::kPartitionTokens;
+  p.max_seq_len = attention::kMinPartitionTokens;
   EXPECT_EQ(PagedAttentionWorkspaceBytes(p), 0u);
-  p.max_seq_len = attention::kPartitionTokens + 1;
+  p.max_seq_len = attention::kMinPartitionTokens + 1;
   EXPECT_EQ(PagedAttentionWorkspaceBytes(p), size_t{10} * 9 * 2 * (64 + 2) * sizeof(float));
+  p.max_seq_len = 256;  // contexts up to 256 make at most 4 partitions
+  EXPECT_EQ(PagedAttentionWorkspaceBytes(p), size_t{10} * 9 * 4 * (64 + 2) * sizeof(float));
 }
 
 }  // namespace

@@ -128,8 +128,9 @@ void DecodeCta(const AttentionParams& p, const Shape& s, const Cta& c, int split
     return;
   }
   if (split >= splits) return;
-  const int begin = split * kPartitionTokens;
-  const int end = std::min(begin + kPartitionTokens, context);
+  const int partition = PartitionTokens(context);
+  const int begin = split * partition;
+  const int end = std::min(begin + partition, context);
   std::vector<Warp<kDim>> warps(kWarps);
   for (int w = 0; w < kWarps; ++w) WarpPass(p, s, c, t, begin, end, w, kWarps, &warps[w]);
   // The fold of the warps, in warp order, element by element as the CTA's

@@ -5,10 +5,12 @@
 //  * Decode rows (a sequence with one query token): one CTA per (sequence,
 //    KV head, head tile, context split). A head tile is up to kMaxGroupTile
 //    query heads of one KV head, so every K/V row a CTA loads serves all of
-//    them (GQA reuse). A context longer than kPartitionTokens is split into
-//    partitions of kPartitionTokens, one CTA each; their partial softmax
-//    states go to a workspace and a merge kernel folds them in split order.
-//    A context of one partition is finished by its CTA (no workspace).
+//    them (GQA reuse). A context longer than its partition
+//    (PartitionTokens: 32 tokens up to 128 of context, then 64, 128, and
+//    kPartitionTokens past 512) is split into partitions, one CTA each;
+//    their partial softmax states go to a workspace and a merge kernel folds
+//    them in split order. A context of one partition is finished by its CTA
+//    (no workspace).
 //  * Inside a CTA, kWarps warps; warp w takes the chunks of kChunk tokens
 //    w, w + kWarps, ... of the CTA's range, keeps its own online softmax
 //    state per query head, and the CTA folds the warps' states in warp order.
@@ -45,16 +47,43 @@ inline constexpr int kWarpSize = 32;
 inline constexpr int kWarps = 4;                       // per CTA
 inline constexpr int kThreads = kWarps * kWarpSize;
 inline constexpr int kChunk = 8;                       // keys a warp loads per step
-// Context per decode CTA: 64 keys (8 chunks) per warp keeps each warp's
-// loads in flight long enough to hide latency, and a 2,000-token context
-// still spreads over 8 CTAs per KV head at batch 1.
+// Context per decode CTA of a long context: 64 keys (8 chunks) per warp
+// keeps each warp's loads in flight long enough to hide latency, and a
+// 2,000-token context still spreads over 8 CTAs per KV head at batch 1.
 inline constexpr int kPartitionTokens = 256;
+// Shorter contexts are cut finer (PartitionTokens), down to one chunk per
+// warp, so that a small batch of short contexts still has several CTAs per
+// KV head: at batch 1 a 128-token context took one CTA of 128 keys, 17 us a
+// layer on an H200, against the layer's 60.
+inline constexpr int kMinPartitionTokens = kWarps * 8;
 inline constexpr int kMaxGroupTile = 8;                // query heads per CTA
 inline constexpr int kMaxGridYZ = 65535;               // CUDA's limit on gridDim.y and .z
 
+// Keys per partition of a decode row's context: a function of the row's
+// own context only, so that each row's result stays independent of the rest
+// of the batch. At most 4 partitions up to 512 tokens of context.
+TANDEM_HD int PartitionTokens(int context) {
+  return context <= 4 * kMinPartitionTokens   ? kMinPartitionTokens
+         : context <= 8 * kMinPartitionTokens ? 2 * kMinPartitionTokens
+         : context <= 4 * kPartitionTokens / 2 ? kPartitionTokens / 2
+                                               : kPartitionTokens;
+}
+
 // Number of context partitions of a decode row (at least 1).
 TANDEM_HD int NumSplits(int context) {
-  return context <= kPartitionTokens ? 1 : (context + kPartitionTokens - 1) / kPartitionTokens;
+  const int partition = PartitionTokens(context);
+  return context <= partition ? 1 : (context + partition - 1) / partition;
+}
+
+// The most partitions of any context of at most max_seq_len tokens (NumSplits
+// is not monotonic: 128 tokens make 4 partitions of 32, 129 make 3 of 64).
+TANDEM_HD int SplitsBound(int max_seq_len) {
+  if (max_seq_len <= 4 * kPartitionTokens / 2) {
+    const int fine = (max_seq_len + kMinPartitionTokens - 1) / kMinPartitionTokens;
+    return fine < 4 ? (fine < 1 ? 1 : fine) : 4;
+  }
+  const int coarse = (max_seq_len + kPartitionTokens - 1) / kPartitionTokens;
+  return coarse > 4 ? coarse : 4;
 }
 
 // Query heads per CTA for `group` query heads per KV head: the smallest power
@@ -80,7 +109,7 @@ TANDEM_HD int64_t KvRowOffset(const int32_t* table, int token, int block_shift, 
 
 // The split workspace: for each (sequence, query head, split) an
 // unnormalized accumulator of head_dim floats, then a (max, sum) pair.
-// `max_splits` is NumSplits(max_seq_len) when it exceeds 1 (0 otherwise:
+// `max_splits` is SplitsBound(max_seq_len) when it exceeds 1 (0 otherwise:
 // no workspace).
 TANDEM_HD int64_t PartialIndex(int seq, int head, int split, int num_heads, int max_splits) {
   return (int64_t{seq} * num_heads + head) * max_splits + split;
@@ -92,7 +121,7 @@ TANDEM_HD size_t WorkspaceFloats(int num_seqs, int num_heads, int head_dim, int 
 TANDEM_HD size_t StatsOffset(int num_seqs, int num_heads, int head_dim, int max_splits) {
   return static_cast<size_t>(num_seqs) * num_heads * max_splits * head_dim;
 }
-TANDEM_HD int MaxSplits(int max_seq_len) { return NumSplits(max_seq_len) > 1 ? NumSplits(max_seq_len) : 0; }
+TANDEM_HD int MaxSplits(int max_seq_len) { return SplitsBound(max_seq_len) > 1 ? SplitsBound(max_seq_len) : 0; }
 
 // The host-side checks of the launch shape that the kernels and the model
 // share (LaunchPagedAttention adds head_dim, pointer alignment and the
@@ -117,7 +146,7 @@ inline absl::Status CheckAttentionShape(const AttentionParams& p) {
     return invalid("max_query_len ", p.max_query_len, " and max_seq_len ", p.max_seq_len,
                    " must satisfy 1 <= max_query_len <= max_seq_len");
   }
-  if (NumSplits(p.max_seq_len) > kMaxGridYZ) return invalid("max_seq_len ", p.max_seq_len, " is too long");
+  if (SplitsBound(p.max_seq_len) > kMaxGridYZ) return invalid("max_seq_len ", p.max_seq_len, " is too long");
   if (p.q == nullptr || p.out == nullptr || p.cache.k == nullptr || p.cache.v == nullptr ||
       p.query_start == nullptr || p.seq_lens == nullptr || p.block_table_start == nullptr ||
       p.block_tables == nullptr) {

@@ -7,6 +7,7 @@
 // through attention_testing.h.
 #include "worker/backends/portable/attention_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -95,7 +96,7 @@ TEST(AttentionModelTest, DecodeOnlyBelowAndAboveTheSplit) {
   c.block_size = 16;
   c.seed = 21;
   for (int32_t context = 1; context <= 200; context += 7) c.seqs.push_back({1, context});
-  ExpectModelEqualsCpu(c);  // no split at all: max_seq_len <= kPartitionTokens
+  ExpectModelEqualsCpu(c);  // partitions of 32 and 64 keys
   c.seqs.clear();
   for (int32_t context = 240; context <= 800; context += 1) c.seqs.push_back({1, context});
   ExpectModelEqualsCpu(c);  // every context from 240 to 800: 1 to 4 splits
@@ -125,9 +126,9 @@ TEST(AttentionModelTest, UnderstatedMaxSeqLenIsLoudNotTruncated) {
   AttentionCase c;
   c.num_heads = 4;
   c.num_kv_heads = 4;
-  c.seqs = {{1, 600}};
+  c.seqs = {{1, 2000}};  // 8 partitions of 256
   AttentionInputs in = MakeAttentionInputs(c);
-  in.max_seq_len = 300;  // the contract says >= 600
+  in.max_seq_len = 300;  // the contract says >= 2000; the grid holds 4 partitions
   std::vector<float> out(in.q.size(), 0.0f);
   ASSERT_TRUE(attention::ModelPagedAttention(in.HostParams(out.data())).ok());
   for (float x : out) ASSERT_TRUE(std::isnan(x));
@@ -150,6 +151,27 @@ TEST(AttentionModelTest, RejectsBadShapes) {
   expect_invalid([](AttentionParams& p) { p.max_query_len = 0; }, "max_query_len 0");
   expect_invalid([](AttentionParams& p) { p.max_seq_len = 0; }, "max_seq_len below max_query_len");
   expect_invalid([](AttentionParams& p) { p.block_tables = nullptr; }, "null table");
+}
+
+// The partition rule: each context's own, at most 4 partitions up to 512
+// tokens, and SplitsBound(L) exactly the most partitions of any context of
+// at most L tokens (the decode grid's depth and the workspace's size).
+TEST(AttentionModelTest, SplitsBoundIsTheMostPartitionsUpToTheBound) {
+  int most = 0;
+  for (int context = 1; context <= 5000; ++context) {
+    const int splits = attention::NumSplits(context);
+    const int partition = attention::PartitionTokens(context);
+    ASSERT_GE(splits, 1);
+    ASSERT_LT((splits - 1) * partition, context) << "no empty partition, context " << context;
+    ASSERT_GE(splits * partition, context) << "every key in a partition, context " << context;
+    if (context <= 512) ASSERT_LE(splits, 4) << context;
+    most = std::max(most, splits);
+    ASSERT_EQ(attention::SplitsBound(context), most) << "context " << context;
+  }
+  EXPECT_EQ(attention::NumSplits(128), 4);  // batch 1 at 128 tokens: 4 CTAs per KV head
+  EXPECT_EQ(attention::NumSplits(32), 1);
+  EXPECT_EQ(attention::MaxSplits(32), 0);   // no workspace
+  EXPECT_EQ(attention::NumSplits(2000), 8);
 }
 
 }  // namespace
