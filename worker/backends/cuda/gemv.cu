@@ -15,6 +15,7 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr int kWarps = 8;  // per CTA; a warp computes one output row
 constexpr int kVec = 8;    // bf16 weights (and x floats) a lane takes at a time
+constexpr int kBatch = 4;  // weight loads a lane has in flight
 
 struct GemvArgs {
   const float* x;
@@ -42,24 +43,38 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) GemvBf16Kernel(GemvArgs a) 
   float acc[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-  for (int64_t c = int64_t{lane} * kVec; c < a.cols; c += kWarpSize * kVec) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(w + c);
-    // Each 32-bit word holds two bf16: the lower half is the earlier column.
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    float wf[kVec];
+  // kBatch of the lane's 16-byte weight loads are issued before any is used:
+  // a row is only 2 to 6 such loads a lane (576 to 1536 columns), and one
+  // at a time the warp would wait a memory latency for each.
+  constexpr int64_t kStride = kWarpSize * kVec;
+  for (int64_t c0 = int64_t{lane} * kVec; c0 < a.cols; c0 += kBatch * kStride) {
+    uint4 packed[kBatch];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      wf[2 * k] = __uint_as_float(words[k] << 16);
-      wf[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c < a.cols) packed[u] = __ldg(reinterpret_cast<const uint4*>(w + c));
     }
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if (i >= a.m) break;
-      const float4 x0 = *reinterpret_cast<const float4*>(a.x + i * a.cols + c);
-      const float4 x1 = *reinterpret_cast<const float4*>(a.x + i * a.cols + c + 4);
-      const float xs[kVec] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c >= a.cols) break;
+      // Each 32-bit word holds two bf16: the lower half is the earlier column.
+      const uint32_t words[4] = {packed[u].x, packed[u].y, packed[u].z, packed[u].w};
+      float wf[kVec];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[i] = fmaf(RoundToBf16(xs[k]), wf[k], acc[i]);
+      for (int k = 0; k < 4; ++k) {
+        wf[2 * k] = __uint_as_float(words[k] << 16);
+        wf[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        if (i >= a.m) break;
+        const float4 x0 = *reinterpret_cast<const float4*>(a.x + i * a.cols + c);
+        const float4 x1 = *reinterpret_cast<const float4*>(a.x + i * a.cols + c + 4);
+        const float xs[kVec] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[i] = fmaf(RoundToBf16(xs[k]), wf[k], acc[i]);
+      }
     }
   }
 #pragma unroll
