@@ -1,6 +1,7 @@
 #include "worker/model/llama_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,7 +10,16 @@
 #include "common/status_macros.h"
 
 namespace tandem::worker {
+
 namespace {
+
+// Process-wide, not per model: a model made where a destroyed one was (the
+// same address, as many allocations) must not match its recordings, whose
+// graphs point at the old model's freed weights and cache.
+int64_t NextBuffersGeneration() {
+  static std::atomic<int64_t> next{0};
+  return ++next;
+}
 
 absl::StatusOr<const gguf::GgufTensor*> Tensor(const gguf::GgufFile& file, const std::string& name) {
   const gguf::GgufTensor* t = file.FindTensor(name);
@@ -101,7 +111,7 @@ absl::Status LlamaModel::AllocateKvCache(int32_t num_blocks, int32_t block_size)
   }
   num_kv_blocks_ = num_blocks;
   block_size_ = block_size;
-  ++buffers_generation_;
+  buffers_generation_ = NextBuffersGeneration();
   return absl::OkStatus();
 }
 
@@ -121,7 +131,7 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens) {
   TANDEM_ASSIGN_OR_RETURN(up_, backend_->Allocate(t * config_.intermediate_size * f));
   TANDEM_ASSIGN_OR_RETURN(rows_, backend_->Allocate(t * config_.hidden_size * f));
   scratch_tokens_ = static_cast<int32_t>(t);
-  ++buffers_generation_;
+  buffers_generation_ = NextBuffersGeneration();
   return absl::OkStatus();
 }
 

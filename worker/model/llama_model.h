@@ -121,8 +121,8 @@ class LlamaModel {
 
   // Activations, grown to the largest step seen.
   int32_t scratch_tokens_ = 0;
-  // Bumped whenever the activations or the KV cache are (re)allocated: their
-  // addresses are in every recording.
+  // A new process-wide value whenever the activations or the KV cache are
+  // (re)allocated: their addresses are in every recording.
   int64_t buffers_generation_ = 0;
   std::unique_ptr<DeviceBuffer> x_, h_, q_, k_, v_, attn_, gate_, up_, rows_;
 };

@@ -432,6 +432,19 @@ TEST(RecordingKeyTest, DecodeStepsOfOneShapeShareAKey) {
   EXPECT_EQ(step({300, 60}, 1), longer);
   step({280, 200}, 140);  // more tokens than the activations held: they grow and move
   EXPECT_NE(step({300, 60}, 1), longer) << "the activations moved";
+
+  // A model made after this one is gone, perhaps at its address and with as
+  // many allocations, never takes its key (its recordings hold the old
+  // model's weights and cache).
+  auto fresh_model_key = [&] {
+    model->reset();
+    model = LlamaModel::Load(**file, *config, &backend, {});
+    EXPECT_TRUE(model.ok());
+    EXPECT_TRUE((*model)->AllocateKvCache(2 * kBlocksPerSeq + 1, kBlockSize * 4).ok());
+    return step({130, 17}, 1);
+  };
+  const std::vector<int64_t> first = fresh_model_key();
+  EXPECT_NE(fresh_model_key(), first) << "a new model in the old one's place";
 }
 
 }  // namespace
