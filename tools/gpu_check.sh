@@ -23,7 +23,9 @@
 #       request through `tandem serve --backend cuda` with two worker processes
 #       on the one GPU. Every figure and log goes to files under $OUT (default
 #       ./gpu-out): summary.txt, system.txt, tests.txt, bench.txt, bench.json,
-#       bench_eager.txt (the benchmark with --enforce-eager), e2e.txt, serve.txt.
+#       bench_eager.txt (the benchmark with --enforce-eager, then ncu's time of
+#       each kernel of batch-1 decode steps, where the image has ncu), e2e.txt,
+#       serve.txt.
 #
 # With the device tool: prepare here, then run with gpu-pack carried:
 #   run(command="tools/gpu_check.sh run", carry=["gpu-pack"], timeout_s=420)
@@ -212,6 +214,7 @@ run() {
   # for what the graphs save.
   step gpu_bench_eager 90 "$OUT/bench_eager.txt" "$bin/gpu_bench" --model "$model" --enforce-eager --repeats 2
   grep -E "_(tokens_per_s|host_ms|device_ms) " "$OUT/bench_eager.txt" | sed 's/^/eager /' >>"$SUMMARY"
+  profile_kernels "$bin" "$model"
 
   # End to end in one process: the GPU against the CPU (greedy), and PP=2 on
   # the one GPU (staging copies between the stages) against PP=1.
@@ -254,6 +257,37 @@ PY
   note "total $((SECONDS))s"
   grep -q "FAIL" "$SUMMARY" && return 1
   return 0
+}
+
+# Where a batch-1 decode step's device time goes: ncu (when the image has
+# it) times each kernel of about three replayed steps (caches flushed before
+# each kernel, so these are cold figures), summed by kernel into
+# $OUT/bench_eager.txt's end (a call returns at most 8 files).
+profile_kernels() {
+  local bin=$1 model=$2 ncu csv="$OUT/ncu.csv"
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu" ]; then
+    note "$(printf '%-28s SKIP (no ncu)' profile_b1)"
+    return
+  fi
+  step profile_b1 60 "$OUT/bench_eager.txt" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+    --launch-skip 1000 --launch-count 1000 --csv --log-file "$csv" \
+    "$bin/gpu_bench" --model "$model" --batches 1 --steps 4 --prefill-tokens 16 --repeats 1
+  [ -f "$csv" ] || return
+  python3 - "$csv" >>"$OUT/bench_eager.txt" 2>&1 <<'PY'
+import collections, csv, sys
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+total, count = collections.defaultdict(float), collections.Counter()
+for row in csv.DictReader(lines[start:]) if start is not None else []:
+    name = row["Kernel Name"].split("(")[0].split("::")[-1]
+    total[name] += float(row["Metric Value"].replace(",", "")) / 1e3
+    count[name] += 1
+print("=== batch-1 decode kernels (ncu, cold caches): name, launches, total us, us each")
+for name, us in sorted(total.items(), key=lambda kv: -kv[1]):
+    print(f"{name[:60]:60s} {count[name]:5d} {us:9.1f} {us / count[name]:7.2f}")
+PY
+  rm -f "$csv"
 }
 
 serve_check() {
