@@ -175,4 +175,9 @@ absl::StatusOr<std::string> MakeRandomLlama(const RandomLlamaOptions& options, i
   return writer.Serialize();
 }
 
+absl::StatusOr<std::unique_ptr<GgufFile>> MakeRandomLlamaFile(const RandomLlamaOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(std::string image, MakeRandomLlama(options));
+  return GgufFile::FromBytes(std::move(image));
+}
+
 }  // namespace tandem::gguf

@@ -8,10 +8,12 @@
 #define TANDEM_COMMON_GGUF_RANDOM_LLAMA_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/gguf/ggml_types.h"
+#include "common/gguf/gguf_file.h"
 
 namespace tandem::gguf {
 
@@ -44,6 +46,9 @@ absl::Status ValidateRandomLlama(const RandomLlamaOptions& options);
 
 // The file image. `parameters`, if set, receives the parameter count.
 absl::StatusOr<std::string> MakeRandomLlama(const RandomLlamaOptions& options, int64_t* parameters = nullptr);
+
+// The image opened in memory, as tests use it.
+absl::StatusOr<std::unique_ptr<GgufFile>> MakeRandomLlamaFile(const RandomLlamaOptions& options);
 
 }  // namespace tandem::gguf
 

@@ -83,14 +83,19 @@ constexpr int32_t kMaxStepTokens = 8192;  // prefill chunks when filling the con
 
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// The CUDA backend's compute stream; null off the GPU.
+CUstream_st* ComputeStream(worker::Backend* backend) {
+#if TANDEM_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<worker::CudaBackend*>(backend)) return cuda->compute_stream();
+#endif
+  (void)backend;
+  return nullptr;
+}
+
 // Marks on the compute stream around each step; no-ops off the GPU.
 class StepTimeline {
  public:
-  explicit StepTimeline(worker::Backend* backend) {
-#if TANDEM_HAVE_CUDA
-    if (auto* cuda = dynamic_cast<worker::CudaBackend*>(backend)) stream_ = cuda->compute_stream();
-#endif
-  }
+  explicit StepTimeline(worker::Backend* backend) : stream_(ComputeStream(backend)) {}
   ~StepTimeline() {
 #if TANDEM_HAVE_CUDA
     for (auto* e : events_) cudaEventDestroy(reinterpret_cast<cudaEvent_t>(e));
@@ -139,7 +144,7 @@ class StepTimeline {
   }
 
  private:
-  CUstream_st* stream_ = nullptr;
+  CUstream_st* const stream_;
   std::vector<CUevent_st*> events_;
 };
 
@@ -149,11 +154,7 @@ class StepTimeline {
 // own device work inside would otherwise never return), and says so.
 class StreamGate {
  public:
-  explicit StreamGate(worker::Backend* backend) {
-#if TANDEM_HAVE_CUDA
-    if (auto* cuda = dynamic_cast<worker::CudaBackend*>(backend)) stream_ = cuda->compute_stream();
-#endif
-  }
+  explicit StreamGate(worker::Backend* backend) : stream_(ComputeStream(backend)) {}
   bool available() const { return stream_ != nullptr; }
   void Close() {
 #if TANDEM_HAVE_CUDA
@@ -189,7 +190,7 @@ class StreamGate {
     std::unique_lock<std::mutex> lock(gate->mu_);
     gate->cv_.wait(lock, [gate] { return gate->open_; });
   }
-  CUstream_st* stream_ = nullptr;
+  CUstream_st* const stream_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;

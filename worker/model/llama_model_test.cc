@@ -191,9 +191,7 @@ class LlamaModelTest : public ::testing::TestWithParam<gguf::GgmlType> {
     options.tied_embeddings = options.type != gguf::GgmlType::kQ8_0;  // both layouts
     options.seed = 7;
     options.weight_scale = 0.2;
-    auto image = gguf::MakeRandomLlama(options);
-    ASSERT_TRUE(image.ok()) << image.status();
-    auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+    auto file = gguf::MakeRandomLlamaFile(options);
     ASSERT_TRUE(file.ok()) << file.status();
     file_ = std::move(file).value();
     auto reference = testing::ReferenceLlama::Load(*file_);
@@ -334,9 +332,7 @@ TEST(MatmulGroupTest, EachOutputEqualsItsOwnMatmul) {
 TEST(LlamaModelStagesTest, StagesSplitTheLayers) {
   gguf::RandomLlamaOptions options;
   options.layers = 3;
-  auto image = gguf::MakeRandomLlama(options);
-  ASSERT_TRUE(image.ok());
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+  auto file = gguf::MakeRandomLlamaFile(options);
   ASSERT_TRUE(file.ok());
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok());
@@ -368,9 +364,7 @@ TEST(RecordingKeyTest, DecodeStepsOfOneShapeShareAKey) {
   gguf::RandomLlamaOptions options;
   options.layers = 2;
   options.context = 1024;
-  auto image = gguf::MakeRandomLlama(options);
-  ASSERT_TRUE(image.ok());
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+  auto file = gguf::MakeRandomLlamaFile(options);
   ASSERT_TRUE(file.ok());
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok());

@@ -20,9 +20,7 @@ class ModelRunnerTest : public ::testing::Test {
   void SetUp() override {
     gguf::RandomLlamaOptions options;
     options.weight_scale = 0.2;
-    auto image = gguf::MakeRandomLlama(options);
-    ASSERT_TRUE(image.ok());
-    auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+    auto file = gguf::MakeRandomLlamaFile(options);
     ASSERT_TRUE(file.ok());
     file_ = std::move(file).value();
     auto config = gguf::ReadLlamaConfig(*file_);

@@ -158,19 +158,6 @@ gguf::RandomLlamaOptions TinyLlama() {
   return options;
 }
 
-// SmolLM2-135M's shapes (random weights, fp32 in the file).
-gguf::RandomLlamaOptions SmolLm2ShapedLlama() {
-  gguf::RandomLlamaOptions options;
-  options.layers = 30;
-  options.hidden = 576;
-  options.heads = 9;
-  options.kv_heads = 3;
-  options.intermediate = 1536;
-  options.vocab = 49152;
-  options.context = 2048;
-  options.seed = 8;
-  return options;
-}
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double max_diff = 0;
@@ -184,9 +171,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // lie on the path from the embedding to the logits). Deterministic; the
 // bound keeps the host model honest. (SmolLM2's shapes: 1.0%.)
 TEST(Bf16CpuModelTest, Bf16CostOnTheTinyModel) {
-  auto image = gguf::MakeRandomLlama(TinyLlama());
-  ASSERT_TRUE(image.ok()) << image.status();
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+  auto file = gguf::MakeRandomLlamaFile(TinyLlama());
   ASSERT_TRUE(file.ok()) << file.status();
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -204,9 +189,7 @@ TEST(Bf16CpuModelTest, Bf16CostOnTheTinyModel) {
 
 void ExpectForwardMatchesCpu(CudaBackend& fp32_gpu, CudaBackend& bf16_gpu, const gguf::RandomLlamaOptions& options,
                              const char* label) {
-  auto image = gguf::MakeRandomLlama(options);
-  ASSERT_TRUE(image.ok()) << image.status();
-  auto file = gguf::GgufFile::FromBytes(std::move(image).value());
+  auto file = gguf::MakeRandomLlamaFile(options);
   ASSERT_TRUE(file.ok()) << file.status();
   auto config = gguf::ReadLlamaConfig(**file);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -245,7 +228,7 @@ TEST_F(CudaBackendTest, LlamaForwardMatchesCpu) {
 }
 
 TEST_F(CudaBackendTest, SmolLm2ShapedForwardMatchesCpu) {
-  ExpectForwardMatchesCpu(*gpu_, *gpu_bf16_, SmolLm2ShapedLlama(), "smollm2-shaped");
+  ExpectForwardMatchesCpu(*gpu_, *gpu_bf16_, cuda_test::SmolLm2ShapedOptions(8), "smollm2-shaped");
 }
 
 }  // namespace

@@ -139,18 +139,10 @@ LoopResult DecodeLoop(Backend& backend, const gguf::GgufFile& file, const gguf::
 
 // SmolLM2's layer shapes with fewer layers and words (random weights).
 absl::StatusOr<std::unique_ptr<gguf::GgufFile>> SmallSmolLm2Shaped(uint32_t seed) {
-  gguf::RandomLlamaOptions options;
+  gguf::RandomLlamaOptions options = cuda_test::SmolLm2ShapedOptions(seed);
   options.layers = 4;
-  options.hidden = 576;
-  options.heads = 9;
-  options.kv_heads = 3;
-  options.intermediate = 1536;
   options.vocab = 4096;
-  options.context = 2048;
-  options.seed = seed;
-  auto image = gguf::MakeRandomLlama(options);
-  if (!image.ok()) return image.status();
-  return gguf::GgufFile::FromBytes(std::move(image).value());
+  return gguf::MakeRandomLlamaFile(options);
 }
 
 TEST(CudaGraphTest, RecordedDecodeMatchesEagerBitForBit) {

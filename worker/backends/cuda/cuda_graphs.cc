@@ -7,14 +7,11 @@
 
 namespace tandem::worker {
 
-GraphCache::~GraphCache() { Clear(); }
-
-void GraphCache::Clear() {
+GraphCache::~GraphCache() {
   bool any = false;
   for (auto& [key, e] : entries_) any = any || e.exec != nullptr;
   if (any) cudaStreamSynchronize(stream_);  // a graph may still run
   for (auto& [key, e] : entries_) Destroy(e);
-  entries_.clear();
 }
 
 void GraphCache::Destroy(Entry& e) {

@@ -52,9 +52,6 @@ class GraphCache {
 
   absl::Status Run(const std::vector<int64_t>& key, uint64_t generation, absl::FunctionRef<absl::Status()> body);
   const GraphStats& stats() const { return stats_; }
-  size_t size() const { return entries_.size(); }
-  // Destroys every graph (the stream drained first).
-  void Clear();
 
  private:
   struct Entry {

@@ -11,12 +11,28 @@
 #include <random>
 #include <vector>
 
+#include "common/gguf/random_llama.h"
 #include "gtest/gtest.h"
 #include "worker/backends/backend.h"
 #include "worker/backends/cpu/cpu_backend.h"
 #include "worker/backends/cuda/cuda_backend.h"
 
 namespace tandem::worker::cuda_test {
+
+// SmolLM2-135M's shapes (30 layers, hidden 576, 9 query / 3 KV heads,
+// intermediate 1536, vocabulary 49152), random weights, fp32 in the file.
+inline gguf::RandomLlamaOptions SmolLm2ShapedOptions(uint32_t seed) {
+  gguf::RandomLlamaOptions options;
+  options.layers = 30;
+  options.hidden = 576;
+  options.heads = 9;
+  options.kv_heads = 3;
+  options.intermediate = 1536;
+  options.vocab = 49152;
+  options.context = 2048;
+  options.seed = seed;
+  return options;
+}
 
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);
