@@ -300,17 +300,16 @@ __attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m2
 // group at a time reached 44 GB/s a core in L2; a pair read as two streams
 // lost a fifth from DRAM. With VNNI, Q4's high nibbles go in unshifted
 // (kUnshiftedHigh: 7-15% less time in L2). The same integers, fma per block
-// and min term as TileAvx2, so the same bits.
+// and min term as TileAvx2, so the same bits. No software prefetch: the
+// weights sit in 2 MiB pages, whose linear streams the hardware prefetcher
+// follows alone; asking for the next pair as well made batch-1 decode steps
+// 2-9% slower (steps alternated one by one in one process, five runs).
 template <int32_t kType, bool kVnni, int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
   constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   constexpr int64_t kStride = kGroupStride<kType>;
   const int64_t nb = x.k / kBlock;
-  // The next pair, this call's lines of it per block: from DRAM the
-  // hardware prefetcher alone left one thread at 8-10 GB/s on a linear
-  // stream (4 KiB pages); with this 12-14.
-  const uint8_t* ahead = w + kPackRows * QuantizedRowBytes(kType, x.k);
   const int8_t* xq = x.q.data() + i0 * x.k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xsum = x.s.data() + i0 * nb;
@@ -318,11 +317,6 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
   for (int g = 0; g < kGroups; ++g) acc[g] = min[g] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w + b * kStride;  // group g's at + g * kBytes
-    // Points 64 bytes apart or less over the whole stream touch every line.
-#pragma GCC unroll 8
-    for (int64_t line = 0; line < (kGroups * kBytes + 63) / 64; ++line) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kStride + 64 * line), _MM_HINT_T0);
-    }
     __m256i sums[kGroups], high[kGroups];
     for (int g = 0; g < kGroups; ++g) {
       sums[g] = SumsStart<kType, kVnni>(x, i0 * nb + b);
