@@ -153,8 +153,8 @@ absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   } else if (p.m >= options_.float_gemm_min_rows) {
     cpu::DequantGemm(pool_, p.x, p.m, data, w.format, w.rows, w.cols, p.y, p.accumulate, &dequant_scratch_);
   } else {
-    cpu::QuantizeRows(pool_, p.x, p.m, w.cols, &quantized_x_);
-    cpu::QuantGemm(pool_, quantized_x_, data, w.format, w.rows, p.y, p.accumulate);
+    const cpu::QuantGemmOutput output{data, w.format, w.rows, p.y, p.accumulate};
+    cpu::QuantGemmFloat(pool_, p.x, p.m, w.cols, &output, 1, &quant_scratch_);
   }
   return absl::OkStatus();
 }
@@ -165,14 +165,13 @@ absl::Status CpuBackend::MatmulGroup(const MatmulGroupParams& p) {
   bool fused = p.m < options_.float_gemm_min_rows;
   for (int32_t i = 0; i < p.count; ++i) fused = fused && cpu::IsQuantizedFormat(p.w[i]->format) && p.w[i]->cols == cols;
   if (!fused) return Backend::MatmulGroup(p);
-  // x quantized once, and one loop over every weight's rows.
-  cpu::QuantizeRows(pool_, p.x, p.m, cols, &quantized_x_);
+  // One loop over every weight's rows.
   cpu::QuantGemmOutput outputs[MatmulGroupParams::kMaxWeights];
   for (int32_t i = 0; i < p.count; ++i) {
     const Weight& w = *p.w[i];
     outputs[i] = {static_cast<const uint8_t*>(w.buffer->data()), w.format, w.rows, p.y[i], /*accumulate=*/false};
   }
-  cpu::QuantGemmGroup(pool_, quantized_x_, outputs, p.count);
+  cpu::QuantGemmFloat(pool_, p.x, p.m, cols, outputs, p.count, &quant_scratch_);
   return absl::OkStatus();
 }
 

@@ -76,7 +76,7 @@ class CpuBackend : public Backend {
  private:
   const CpuBackendOptions options_;
   ThreadPool pool_;
-  cpu::QuantizedRows quantized_x_;                   // Matmul's x, quantized
+  cpu::QuantGemmScratch quant_scratch_;              // Matmul's x, quantized
   std::vector<std::vector<float>> dequant_scratch_;  // DequantGemm's tiles
   std::vector<uint8_t> embedding_row_;               // Embedding's row unpacked
   cpu::HugePageArena weight_arena_;                  // quantized weights, in 2 MiB pages

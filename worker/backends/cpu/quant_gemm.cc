@@ -655,7 +655,10 @@ void QuantizeRowReference(const float* x, int64_t k, int8_t* q, float* d, float*
   }
 }
 
-void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, QuantizedRows* out) {
+namespace {
+
+// `out` shaped for m rows of k (its vectors grown as needed).
+void ShapeRows(int64_t m, int64_t k, QuantizedRows* out) {
   TANDEM_CHECK(k % kBlock == 0) << k;
   const int64_t nb = k / kBlock;
   out->m = m;
@@ -667,13 +670,25 @@ void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, Quanti
     out->neg8.resize(m * nb);
     out->neg128.resize(m * nb);
   }
+}
+
+// Rows [begin, end) of x into `out` (shaped).
+void QuantizeRange(const float* x, int64_t begin, int64_t end, QuantizedRows* out) {
   const auto quantize = Table().quantize;
-  pool.ParallelFor(m, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end, int32_t) {
-    for (int64_t i = begin; i < end; ++i) {
-      quantize(x + i * k, k, out->q.data() + i * k, out->d.data() + i * nb, out->s.data() + i * nb,
-               out->neg8.data() + i * nb, out->neg128.data() + i * nb);
-    }
-  });
+  const int64_t k = out->k;
+  const int64_t nb = k / kBlock;
+  for (int64_t i = begin; i < end; ++i) {
+    quantize(x + i * k, k, out->q.data() + i * k, out->d.data() + i * nb, out->s.data() + i * nb,
+             out->neg8.data() + i * nb, out->neg128.data() + i * nb);
+  }
+}
+
+}  // namespace
+
+void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t k, QuantizedRows* out) {
+  ShapeRows(m, k, out);
+  pool.ParallelFor(m, std::max<int64_t>(1, 16384 / k),
+                   [&](int64_t begin, int64_t end, int32_t) { QuantizeRange(x, begin, end, out); });
 }
 
 float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row, int32_t type) {
@@ -704,15 +719,23 @@ void QuantGemm(ThreadPool& pool, const QuantizedRows& x, const uint8_t* w, int32
   QuantGemmGroup(pool, x, &output, 1);
 }
 
-void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOutput* outputs, int32_t count) {
-  int64_t total_rows = 0;
-  for (int32_t o = 0; o < count; ++o) total_rows += outputs[o].n;
-  const int64_t per_task = RowsPerTask(x.m, total_rows, pool.num_threads());
-  // Tasks [first_task[o], first_task[o + 1]) cover output o's rows.
-  absl::InlinedVector<int64_t, 4> first_task(count + 1, 0);
-  for (int32_t o = 0; o < count; ++o) first_task[o + 1] = first_task[o] + (outputs[o].n + per_task - 1) / per_task;
-  const Dispatch& t = Table();
-  pool.ParallelFor(first_task[count], 1, [&](int64_t begin, int64_t end, int32_t) {
+namespace {
+
+// The tasks of one QuantGemmGroup loop: each a run of per_task weight rows
+// of one output, tasks [first_task[o], first_task[o + 1]) covering output o.
+struct GemmTasks {
+  GemmTasks(int64_t m, const QuantGemmOutput* outputs, int32_t count, int32_t threads)
+      : outputs(outputs), first_task(count + 1, 0) {
+    int64_t total_rows = 0;
+    for (int32_t o = 0; o < count; ++o) total_rows += outputs[o].n;
+    per_task = RowsPerTask(m, total_rows, threads);
+    for (int32_t o = 0; o < count; ++o) first_task[o + 1] = first_task[o] + (outputs[o].n + per_task - 1) / per_task;
+  }
+  int64_t count() const { return first_task.back(); }
+
+  // Runs tasks [begin, end) on x.
+  void Run(const QuantizedRows& x, int64_t begin, int64_t end) const {
+    const Dispatch& t = Table();
     int32_t o = 0;
     for (int64_t task = begin; task < end; ++task) {
       while (task >= first_task[o + 1]) ++o;
@@ -730,6 +753,42 @@ void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOut
                       out.accumulate);
       }
     }
+  }
+
+  const QuantGemmOutput* outputs;
+  int64_t per_task = 0;
+  absl::InlinedVector<int64_t, 4> first_task;
+};
+
+}  // namespace
+
+void QuantGemmGroup(ThreadPool& pool, const QuantizedRows& x, const QuantGemmOutput* outputs, int32_t count) {
+  const GemmTasks tasks(x.m, outputs, count, pool.num_threads());
+  pool.ParallelFor(tasks.count(), 1, [&](int64_t begin, int64_t end, int32_t) { tasks.Run(x, begin, end); });
+}
+
+void QuantGemmFloat(ThreadPool& pool, const float* x, int64_t m, int64_t k, const QuantGemmOutput* outputs,
+                    int32_t count, QuantGemmScratch* scratch) {
+  if (m > kOwnQuantizeMaxRows) {
+    QuantizeRows(pool, x, m, k, &scratch->shared);
+    QuantGemmGroup(pool, scratch->shared, outputs, count);
+    return;
+  }
+  if (scratch->threads.size() != static_cast<size_t>(pool.num_threads())) {
+    scratch->threads = std::vector<QuantGemmScratch::Thread>(pool.num_threads());
+  }
+  // A thread knows whether its x is this call's by the call's number, which
+  // only this (the submitting) thread writes, before the loop starts.
+  const uint64_t call = ++scratch->calls;
+  const GemmTasks tasks(m, outputs, count, pool.num_threads());
+  pool.ParallelFor(tasks.count(), 1, [&](int64_t begin, int64_t end, int32_t thread) {
+    QuantGemmScratch::Thread& own = scratch->threads[thread];
+    if (own.call != call) {
+      ShapeRows(m, k, &own.x);
+      QuantizeRange(x, 0, m, &own.x);
+      own.call = call;
+    }
+    tasks.Run(own.x, begin, end);
   });
 }
 

@@ -218,6 +218,50 @@ TEST_P(QuantGemmTest, PackingKeepsEveryRowsBlocks) {
   }
 }
 
+TEST_P(QuantGemmTest, FloatXEqualsXQuantizedOnce) {
+  // QuantGemmFloat (each thread quantizing x for itself, up to
+  // kOwnQuantizeMaxRows rows) equals QuantizeRows then QuantGemmGroup bit for
+  // bit: on pools of 1 to 3 threads, on either side of the cutover, and for
+  // calls one after the other on one scratch whose x, rows and width change
+  // (a thread must never run a task on a previous call's x: the first two
+  // calls have the same shape).
+  struct Shape {
+    int64_t m, k;
+  };
+  const Shape shapes[] = {{1, 576}, {1, 576}, {5, 96}, {40, 1280}, {kOwnQuantizeMaxRows, 64},
+                          {kOwnQuantizeMaxRows + 1, 64}, {2, 576}};
+  std::mt19937 rng(7);
+  for (int32_t threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    QuantGemmScratch scratch;
+    for (const Shape& shape : shapes) {
+      const int64_t m = shape.m, k = shape.k, n[2] = {29, 67};
+      std::vector<uint8_t> packed[2];
+      for (int o = 0; o < 2; ++o) {
+        std::vector<float> dense;
+        packed[o] = Pack(RandomWeights(rng, GetParam(), n[o], k, &dense), n[o], k);
+      }
+      const std::vector<float> x = RandomActivations(rng, m, k);
+      std::vector<float> want[2], got[2];
+      QuantGemmOutput want_out[2], got_out[2];
+      for (int o = 0; o < 2; ++o) {
+        want[o].assign(m * n[o], 0.25f);
+        got[o].assign(m * n[o], 0.25f);
+        want_out[o] = {packed[o].data(), type(), n[o], want[o].data(), /*accumulate=*/o == 1};
+        got_out[o] = {packed[o].data(), type(), n[o], got[o].data(), /*accumulate=*/o == 1};
+      }
+      QuantizedRows xq;
+      QuantizeRows(pool, x.data(), m, k, &xq);
+      QuantGemmGroup(pool, xq, want_out, 2);
+      QuantGemmFloat(pool, x.data(), m, k, got_out, 2, &scratch);
+      for (int o = 0; o < 2; ++o) {
+        ASSERT_EQ(std::memcmp(want[o].data(), got[o].data(), want[o].size() * sizeof(float)), 0)
+            << threads << " threads, m=" << m << " k=" << k << " output " << o;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, QuantGemmTest, ::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0),
                          [](const auto& info) { return std::string(gguf::GgmlTypeName(static_cast<uint32_t>(info.param))); });
 
