@@ -28,9 +28,10 @@
 //                    the keys and values a step must read
 //   BM_ParallelForOverhead  one ParallelFor of empty chunks: the cost of
 //                    waking the pool, paid about 450 times per step
-//   BM_ComputeScaling  a fixed amount of register-only FMA work split over
-//                    the pool: 2 threads take half the time of 1 only if the
-//                    two CPUs are two cores (not SMT siblings, not shared)
+//   BM_ComputeScaling  a fixed amount of register-only FMA work that fills a
+//                    core's FMA pipes, split over the pool: 2 threads take
+//                    half the time of 1 only if the two CPUs are two cores
+//                    (not SMT siblings, not shared)
 //
 // tokens/s is reported as items_per_second.
 //
@@ -505,22 +506,39 @@ void BM_ParallelForOverhead(benchmark::State& state) {
 }
 BENCHMARK(BM_ParallelForOverhead)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// `iterations` rounds of twelve independent chains of 256-bit FMAs: enough
+// chains to keep both FMA pipes of a core busy (two pipes of four cycles'
+// latency need eight), so a core's arithmetic, not a chain's latency, sets
+// the time, and two SMT siblings sharing one core's pipes would take twice as
+// long as either alone. (Four chains of scalar arithmetic, which this
+// benchmark ran before, leave most of a core idle: SMT siblings halve that
+// time as well as two cores do.)
+__attribute__((target("avx2,fma"))) float FmaChains(float seed, int64_t iterations) {
+  constexpr int kChains = 12;
+  __m256 v[kChains];
+  for (int c = 0; c < kChains; ++c) v[c] = _mm256_set1_ps(seed + c);
+  const __m256 scale = _mm256_set1_ps(0.999999f);
+  const __m256 add = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) v[c] = _mm256_fmadd_ps(v[c], scale, add);
+  }
+  __m256 sum = v[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, v[c]);
+  return _mm256_cvtss_f32(sum);
+}
+
 void BM_ComputeScaling(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    state.SkipWithError("needs AVX2 and FMA");
+    return;
+  }
   ThreadPool pool(g_threads);
   constexpr int64_t kItems = 64;
   std::vector<float> out(kItems);
   for (auto _ : state) {
     pool.ParallelFor(kItems, 1, [&](int64_t begin, int64_t end, int32_t) {
-      for (int64_t item = begin; item < end; ++item) {
-        float a = 1.0f + item, b = 0.5f, c = 0.25f, d = 0.125f;
-        for (int i = 0; i < 1000000; ++i) {  // four independent chains
-          a = a * 0.999999f + 1e-7f;
-          b = b * 0.999999f + 1e-7f;
-          c = c * 0.999999f + 1e-7f;
-          d = d * 0.999999f + 1e-7f;
-        }
-        out[item] = a + b + c + d;
-      }
+      for (int64_t item = begin; item < end; ++item) out[item] = FmaChains(1.0f + item, 500000);
     });
     benchmark::DoNotOptimize(out.data());
   }
