@@ -453,22 +453,25 @@ __attribute__((target("avx2,fma,f16c"))) void TileAvx2(const QuantizedRows& x, i
   for (int i = 0; i < MR; ++i) StoreGroup(acc[i], min[i], y + i * ldy, accumulate);
 }
 
-// TileAvx2's packed tile for two groups of weight rows at once, with VNNI:
-// each broadcast quad of x feeds two products and each weight vector MR, and
-// the MR x 2 integer sums are independent chains. Compiled for AVX-512VL,
-// which the VNNI path has, for its 32 vector registers (the MR x 2 sums,
-// float accumulators and Q4_1 min terms do not fit in 16). Each (row, group)
-// takes the same operations in the same order as TileAvx2: the same bits.
-template <int32_t kType, int MR>
+// TileAvx2 for two groups of weight rows at once, with VNNI: each broadcast
+// quad of x feeds two products and each weight vector MR, and the MR x 2
+// integer sums are independent chains (vpdpbusd takes 4 cycles and issues
+// two a cycle on Zen 4: TileAvx2's MR chains of eight per block ran about
+// one every two cycles). The groups come from PackedGroups g[0] and g[1]
+// (kPacked) or from the packed pair at w. Compiled for AVX-512VL, which the
+// VNNI path has, for its 32 vector registers (the sums, float accumulators
+// and Q4_1 min terms do not fit in 16). Each (row, group) takes the same
+// operations in the same order as TileAvx2: the same bits.
+template <int32_t kType, int MR, bool kPacked>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void TilePairVnni(
-    const QuantizedRows& x, int64_t i0, const PackedGroup* g0, const PackedGroup* g1, float* y, int64_t ldy,
+    const QuantizedRows& x, int64_t i0, const uint8_t* w, const PackedGroup* const g[2], float* y, int64_t ldy,
     bool accumulate) {
+  constexpr int64_t kBytes = kGroupBlockBytes<kType>;
   const int64_t k = x.k;
   const int64_t nb = k / kBlock;
   const int8_t* xq = x.q.data() + i0 * k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xsum = x.s.data() + i0 * nb;
-  const PackedGroup* group[2] = {g0, g1};
   __m256 acc[MR][2], min[MR][2];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -476,30 +479,45 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void TilePa
     for (int h = 0; h < 2; ++h) acc[i][h] = min[i][h] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = nullptr;  // the pair's block b unless kPacked
+    if constexpr (!kPacked) block = w + b * kGroupStride<kType>;
     __m256i sums[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) sums[i][0] = sums[i][1] = SumsStart<kType, true>(x, (i0 + i) * nb + b);
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) {
-      __m256i v[2];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      WeightVector v[2][2];  // group h's vectors 2p and 2p + 1
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        v[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group[h]->u.data() + b * kVectorBytes + 32 * q));
+        if constexpr (kPacked) {
+#pragma GCC unroll 2
+          for (int e = 0; e < 2; ++e) {
+            v[h][e].u = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(g[h]->u.data() + b * kVectorBytes + 32 * (2 * p + e)));
+          }
+        } else {
+          LoadWeightPair<kType, true>(block + h * kBytes, p, v[h]);
+        }
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, xq + i * k + b * kBlock + 4 * q, 4);
-        const __m256i s = _mm256_set1_epi32(quad);
+        int32_t quads[2];
+        std::memcpy(quads, xq + i * k + b * kBlock + 8 * p, 8);
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) sums[i][h] = _mm256_dpbusd_epi32(sums[i][h], v[h], s);
+        for (int e = 0; e < 2; ++e) {
+          const __m256i s = _mm256_set1_epi32(quads[e]);
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) sums[i][h] = _mm256_dpbusd_epi32(sums[i][h], v[h][e].u, s);
+        }
       }
     }
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m256 wd = _mm256_loadu_ps(group[h]->d.data() + b * kGroupRows);
+      const __m256 wd = kPacked ? _mm256_loadu_ps(g[h]->d.data() + b * kGroupRows) : LoadGroupScales(block + h * kBytes);
       __m256 m = _mm256_setzero_ps();
-      if constexpr (kType == portable::kGgmlQ4_1) m = _mm256_loadu_ps(group[h]->m.data() + b * kGroupRows);
+      if constexpr (kType == portable::kGgmlQ4_1) {
+        m = kPacked ? _mm256_loadu_ps(g[h]->m.data() + b * kGroupRows) : LoadGroupMins(block + h * kBytes);
+      }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const int64_t at = i * nb + b;
@@ -533,6 +551,36 @@ __attribute__((target("avx2,fma,f16c"))) void RaggedGroupAvx2(const QuantizedRow
   }
 }
 
+// Rows [c, c_end) of x, 2 to 5 of them, against the first `full` (a
+// multiple of kGroupRows) packed weight rows at w, with VNNI: every row in
+// TilePairVnni tiles straight from the packed pairs, so each pair is read
+// once for all of them (3 x 8 tiles and a GEMV for the rows left over read
+// it twice, at three times fewer products a weight load); an odd last group
+// a row at a time.
+template <int32_t kType>
+void FewRowsVnni(const QuantizedRows& x, int64_t c, int64_t c_end, const uint8_t* w, int64_t full,
+                 int64_t row_bytes, float* y, int64_t ldy, bool accumulate) {
+  auto group_at = [&](int64_t j) { return w + GroupOffset(j / kGroupRows, row_bytes, kGroupBlockBytes<kType>); };
+  int64_t j = 0;
+  for (; j + kPackRows <= full; j += kPackRows) {
+    int64_t i = c;
+    if (c_end - i >= 4) {
+      TilePairVnni<kType, 4, false>(x, i, group_at(j), nullptr, y + i * ldy + j, ldy, accumulate);
+      i += 4;
+    } else if (c_end - i == 3) {
+      TilePairVnni<kType, 3, false>(x, i, group_at(j), nullptr, y + i * ldy + j, ldy, accumulate);
+      i += 3;
+    }
+    if (c_end - i >= 2) {
+      TilePairVnni<kType, 2, false>(x, i, group_at(j), nullptr, y + i * ldy + j, ldy, accumulate);
+      i += 2;
+    }
+    if (i < c_end) TilePairVnni<kType, 1, false>(x, i, group_at(j), nullptr, y + i * ldy + j, ldy, accumulate);
+  }
+  if (j == full) return;
+  for (int64_t i = c; i < c_end; ++i) GemvGroupAvx2<kType, true, 1>(x, i, group_at(j), y + i * ldy + j, accumulate);
+}
+
 // Rows [i_begin, i_end) of x against `rows` packed weight rows (from a pair
 // boundary), in chunks of x rows that stay in L2 while each group of weight
 // rows passes over them.
@@ -555,14 +603,15 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
       if constexpr (kVnni) {
         // Two groups at a time (TilePairVnni), the odd one last on its own.
         thread_local PackedGroup second;
+        const PackedGroup* const pair[2] = {&group, &second};
         for (; j0 + 2 * kGroupRows <= full; j0 += 2 * kGroupRows) {
           PackGroupAvx2<kType, kVnni>(group_at(j0), x.k / kBlock, &group);
           PackGroupAvx2<kType, kVnni>(group_at(j0 + kGroupRows), x.k / kBlock, &second);
           int64_t i = c;
           for (; i + kMR <= c_end; i += kMR) {
-            TilePairVnni<kType, kMR>(x, i, &group, &second, y + i * ldy + j0, ldy, accumulate);
+            TilePairVnni<kType, kMR, true>(x, i, nullptr, pair, y + i * ldy + j0, ldy, accumulate);
           }
-          for (; i < c_end; ++i) TilePairVnni<kType, 1>(x, i, &group, &second, y + i * ldy + j0, ldy, accumulate);
+          for (; i < c_end; ++i) TilePairVnni<kType, 1, true>(x, i, nullptr, pair, y + i * ldy + j0, ldy, accumulate);
         }
       }
       for (int64_t j = j0; j < full; j += kGroupRows) {
@@ -573,6 +622,8 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
         }
         for (; i < c_end; ++i) TileAvx2<kType, 1, kVnni, true>(x, i, nullptr, &group, y + i * ldy + j, ldy, accumulate);
       }
+    } else if (kVnni && c_end - c >= 2) {
+      if constexpr (kVnni) FewRowsVnni<kType>(x, c, c_end, w, full, row_bytes, y, ldy, accumulate);
     } else {
       const int64_t tiled = c + (c_end - c) / kMR * kMR;
       for (int64_t j = 0; j < full; j += kGroupRows) {
