@@ -51,9 +51,9 @@ int64_t ThreadPool::Claim(std::atomic<uint64_t>& range, uint32_t generation, boo
   for (;;) {
     if (Generation(word) != generation || Front(word) >= Back(word)) return -1;
     // Success means loop `generation` is still running and this unit is
-    // ours: the loop cannot finish (nor fn_ change) until it is done. One
-    // unit at a time, so that a thread preempted in the middle of its range
-    // holds up no more than one unit.
+    // ours: the loop cannot finish (nor its Range fields change) until it is
+    // done. One unit at a time, so that a thread preempted in the middle of
+    // its range holds up no more than one unit.
     const uint64_t claimed = front ? word + (uint64_t{1} << 16) : word - 1;
     if (range.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
       return front ? Front(word) : Back(word) - 1;
@@ -65,9 +65,13 @@ void ThreadPool::RunUnits(uint32_t generation, int32_t thread) {
   int64_t done = 0;
   const bool stats = stats_on_.load(std::memory_order_relaxed);
   const uint64_t start = stats ? __rdtsc() : 0;
+  // This thread's copy of the loop, read after a claim of loop `generation`
+  // (its own range's word carried that generation, so the copy is that
+  // loop's).
+  const Range& own = ranges_[thread];
   auto run = [&](int64_t unit) {
-    const int64_t begin = unit * unit_;
-    (*fn_)(begin, std::min(begin + unit_, count_), thread);
+    const int64_t begin = unit * own.unit;
+    (*own.fn)(begin, std::min(begin + own.unit, own.count), thread);
     ++done;
   };
   for (int64_t unit; (unit = Claim(ranges_[thread].word, generation, /*front=*/true)) >= 0;) run(unit);
@@ -87,7 +91,8 @@ void ThreadPool::RunUnits(uint32_t generation, int32_t thread) {
 void ThreadPool::WorkerLoop(int32_t thread) {
   uint32_t seen = 0;
   for (;;) {
-    auto news = [&] { return stop_.load() || loop_.load() != seen; };
+    std::atomic<uint64_t>& word = ranges_[thread].word;
+    auto news = [&] { return stop_.load() || Generation(word.load()) != seen; };
     if (!Spin(news)) {
       absl::MutexLock lock(&mu_);
       sleepers_.fetch_add(1);
@@ -95,7 +100,7 @@ void ThreadPool::WorkerLoop(int32_t thread) {
       sleepers_.fetch_sub(1);
     }
     if (stop_.load()) return;
-    seen = loop_.load(std::memory_order_acquire);
+    seen = Generation(word.load(std::memory_order_acquire));
     if (on_loop_seen_) on_loop_seen_(thread);
     RunUnits(seen, thread);
   }
@@ -118,15 +123,19 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   unit_ = ((count + target - 1) / target + grain - 1) / grain * grain;
   const int64_t units = (count + unit_ - 1) / unit_;
   units_ = units;
-  fn_ = &fn;
-  count_ = count;
   pending_.store(units, std::memory_order_relaxed);
   ++generation_;
+  // Thread 0's range first: a pool thread that sees its own may steal from it.
   for (int32_t t = 0; t < num_threads_; ++t) {
-    ranges_[t].word.store(RangeWord(generation_, units * t / num_threads_, units * (t + 1) / num_threads_),
-                          std::memory_order_relaxed);
+    Range& r = ranges_[t];
+    r.fn = &fn;
+    r.count = count;
+    r.unit = unit_;
+    const uint64_t word = RangeWord(generation_, units * t / num_threads_, units * (t + 1) / num_threads_);
+    // The pool threads' words sequentially consistent: they publish the
+    // fields above, and order the publication before reading sleepers_.
+    r.word.store(word, t == 0 ? std::memory_order_relaxed : std::memory_order_seq_cst);
   }
-  loop_.store(generation_);  // publishes the fields above
   if (sleepers_.load() > 0) {
     absl::MutexLock lock(&mu_);
     wake_.SignalAll();
@@ -139,7 +148,6 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
     while (!done()) done_.Wait(&mu_);
     waiting_done_.store(false);
   }
-  fn_ = nullptr;
   if (stats) {
     ++stat_loops_;
     stat_loop_ticks_ += __rdtsc() - start;

@@ -105,37 +105,38 @@ class ThreadPool {
   absl::Mutex mu_;
   // Explicit signals rather than Await: this wake-up is on the model's hot
   // path. A thread sleeps only after counting itself in sleepers_ and then
-  // checking loop_ under mu_; the submitter publishes a loop and then
-  // reads sleepers_ (both sequentially consistent), so it either sees the
-  // sleeper and signals under mu_ or the sleeper sees the loop.
+  // checking its range's generation under mu_; the submitter publishes a
+  // loop in the ranges and then reads sleepers_ (both sequentially
+  // consistent), so it either sees the sleeper and signals under mu_ or the
+  // sleeper sees the loop.
   absl::CondVar wake_;  // a new loop, or stop
   absl::CondVar done_;  // pending_ reached 0
   std::atomic<int32_t> sleepers_{0};
   std::atomic<bool> stop_{false};
-  // The current loop's generation, published (sequentially consistent) after
-  // its ranges and the fields below; a pool thread polls it.
-  std::atomic<uint32_t> loop_{0};
-  // Thread t's range of the current loop: generation (high 32 bits), front
-  // (next 16) and back (low 16), units [front, back). Claiming a unit is a
-  // CAS that checks the generation, so a late thread cannot claim a later
-  // loop's unit for the loop it saw. One cache line each.
+  // Thread t's part of the current loop, one cache line each, so that a
+  // pool thread that sees a new loop gets everything it needs in one
+  // transfer from the submitting core: the loop's body, items and unit
+  // (written by the submitting thread before the word), and the range word:
+  // the loop's generation (high 32 bits), front (next 16) and back (low 16),
+  // units [front, back). A pool thread polls its own word for a new
+  // generation. Claiming a unit is a CAS that checks the generation, so a
+  // late thread cannot claim a later loop's unit for the loop it saw; the
+  // body is read only after a claim (acquire), which keeps the loop, and
+  // these, alive until the unit is done.
   struct alignas(64) Range {
     std::atomic<uint64_t> word{0};
+    const std::function<void(int64_t, int64_t, int32_t)>* fn = nullptr;
+    int64_t count = 0;
+    int64_t unit = 1;
   };
   std::vector<Range> ranges_;
-  std::atomic<int64_t> pending_{0};  // units of the current loop not yet done
+  alignas(64) std::atomic<int64_t> pending_{0};  // units of the current loop not yet done
   // Whether the submitter sleeps on done_: the last unit's finisher signals
   // only then (the same ordering argument as sleepers_).
   std::atomic<bool> waiting_done_{false};
   uint32_t generation_ = 0;  // the submitting thread's last loop
-  // The current loop's body, written by the submitting thread before it
-  // publishes loop_ and read by a pool thread only after it has claimed a
-  // unit of that loop (acquire), which keeps the loop, and these, alive
-  // until the unit is done.
-  const std::function<void(int64_t, int64_t, int32_t)>* fn_ = nullptr;
-  int64_t count_ = 0;
-  int64_t unit_ = 1;
-  int64_t units_ = 1;  // the current loop's units; 0 when it runs inline
+  int64_t unit_ = 1;         // the current loop's unit (OwnerOf)
+  int64_t units_ = 1;        // the current loop's units; 0 when it runs inline
   std::atomic<bool> stats_on_{false};
   struct alignas(64) Ticks {
     std::atomic<uint64_t> busy{0};
