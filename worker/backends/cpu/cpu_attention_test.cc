@@ -165,7 +165,7 @@ TEST(CpuWriteKvTest, AHalfCacheTakesTheRoundedRowsAtTheirSlots) {
   for (int32_t slot = 0; slot < slots_total; ++slot) {
     const auto t = std::find(slots.begin(), slots.end(), slot) - slots.begin();
     for (int32_t i = 0; i < width; ++i) {
-      const size_t at = size_t{slot} * width + i;
+      const size_t at = static_cast<size_t>(slot) * width + i;
       if (t == tokens) {
         ASSERT_EQ(ck[at], 0xFFFF) << "slot " << slot << " was not written to";
         ASSERT_EQ(cv[at], 0xFFFF) << "slot " << slot << " was not written to";

@@ -90,8 +90,8 @@ void ThreadPool::RunUnits(uint32_t generation, int32_t thread) {
 
 void ThreadPool::WorkerLoop(int32_t thread) {
   uint32_t seen = 0;
+  const std::atomic<uint64_t>& word = ranges_[thread].word;
   for (;;) {
-    std::atomic<uint64_t>& word = ranges_[thread].word;
     auto news = [&] { return stop_.load() || Generation(word.load()) != seen; };
     if (!Spin(news)) {
       absl::MutexLock lock(&mu_);
@@ -120,8 +120,8 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
   const uint64_t start = stats ? __rdtsc() : 0;
   // Whole multiples of the grain: a caller whose items are vector lanes
   // (SiluMul's grain of 4096 floats) gets the same bits whatever the split.
-  unit_ = ((count + target - 1) / target + grain - 1) / grain * grain;
-  const int64_t units = (count + unit_ - 1) / unit_;
+  const int64_t unit = ((count + target - 1) / target + grain - 1) / grain * grain;
+  const int64_t units = (count + unit - 1) / unit;
   units_ = units;
   pending_.store(units, std::memory_order_relaxed);
   ++generation_;
@@ -130,7 +130,7 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
     Range& r = ranges_[t];
     r.fn = &fn;
     r.count = count;
-    r.unit = unit_;
+    r.unit = unit;
     const uint64_t word = RangeWord(generation_, units * t / num_threads_, units * (t + 1) / num_threads_);
     // The pool threads' words sequentially consistent: they publish the
     // fields above, and order the publication before reading sleepers_.
@@ -157,7 +157,7 @@ void ThreadPool::ParallelFor(int64_t count, int64_t grain,
 int32_t ThreadPool::OwnerOf(int64_t item) const {
   if (units_ == 0) return 0;
   // Thread t's range is units [units * t / threads, units * (t + 1) / threads).
-  const int64_t unit = item / unit_;
+  const int64_t unit = item / ranges_[0].unit;
   int32_t t = static_cast<int32_t>(unit * num_threads_ / units_);
   while (t + 1 < num_threads_ && units_ * (t + 1) / num_threads_ <= unit) ++t;
   while (t > 0 && units_ * t / num_threads_ > unit) --t;

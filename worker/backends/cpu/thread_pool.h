@@ -135,7 +135,6 @@ class ThreadPool {
   // only then (the same ordering argument as sleepers_).
   std::atomic<bool> waiting_done_{false};
   uint32_t generation_ = 0;  // the submitting thread's last loop
-  int64_t unit_ = 1;         // the current loop's unit (OwnerOf)
   int64_t units_ = 1;        // the current loop's units; 0 when it runs inline
   std::atomic<bool> stats_on_{false};
   struct alignas(64) Ticks {

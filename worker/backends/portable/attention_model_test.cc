@@ -164,7 +164,9 @@ TEST(AttentionModelTest, SplitsBoundIsTheMostPartitionsUpToTheBound) {
     ASSERT_GE(splits, 1);
     ASSERT_LT((splits - 1) * partition, context) << "no empty partition, context " << context;
     ASSERT_GE(splits * partition, context) << "every key in a partition, context " << context;
-    if (context <= 512) ASSERT_LE(splits, 4) << context;
+    if (context <= 512) {
+      ASSERT_LE(splits, 4) << context;
+    }
     most = std::max(most, splits);
     ASSERT_EQ(attention::SplitsBound(context), most) << "context " << context;
   }
