@@ -18,7 +18,8 @@
 //                    bound of a batch-1 decode step
 //   BM_DecodeBound/C  a batch-1 step of C cached tokens against the time
 //                    to read the bytes it must read, alternated in rounds
-//                    (the fraction of the bound each reader sets)
+//                    (the fraction of the bound each reader sets: flat
+//                    streams, and reads in the step's own pieces and order)
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
 //   BM_Attention/B/C  a decode step's attention alone: 30 layers of
@@ -322,9 +323,77 @@ BENCHMARK(BM_ReadBandwidth)
 // comparable. Each iteration is a round of kRound decode steps, then kRound
 // reads of that many bytes (2 MiB pages, the step's own threads) by the
 // plain AVX2 sum and kRound by the sum prefetching 2 KiB ahead, each in its
-// own steady state. Counters are medians over rounds: `step_ms`, the two
-// readers' GiB/s, and the step's time as a fraction of the bound each sets
-// (`of_plain`, `of_fastest`: the faster reader of that round).
+// own steady state; then kRound reads of the same bytes in the step's own
+// shape (StepShapedReads): the pieces a step reads, in its order, one pool
+// loop each. Counters are medians over rounds: `step_ms`, the readers'
+// GiB/s, and the step's time as a fraction of the bound each sets
+// (`of_plain`, `of_fastest`: the faster flat reader of that round;
+// `of_shaped`).
+// The bytes a batch-1 step of `context` cached tokens reads, as the pieces
+// it reads them in, in its order: per layer the Q, K and V weights (one
+// loop), the layer's keys and values, the output projection, the gate and
+// up weights (one loop) and the down projection; then the output head.
+// Each is read by one pool loop (the plain AVX2 sum, 4 KiB units), after
+// the previous one, the weights one after the other as CpuBackend's arena
+// holds them and the keys and values elsewhere. Nothing but reading: what
+// the memory gives to reads of these sizes made one after the other, the
+// way a step's operations (each a loop over one or a few matrices of
+// 0.2-1.1 MB) must make them; a flat stream of as many bytes reads faster,
+// since it pays the start of a stream once.
+class StepShapedReads {
+ public:
+  StepShapedReads(const Loaded& m, int32_t context) {
+    const gguf::LlamaConfig& c = m.config;
+    auto matrix = [&](const std::string& name) {
+      const gguf::GgufTensor* t = m.file->FindTensor(name);
+      TANDEM_CHECK(t != nullptr) << name;
+      const auto type = static_cast<int32_t>(t->type);
+      return cpu::IsQuantizedFormat(type) ? cpu::PackedWeightBytes(type, t->shape[1], t->shape[0])
+                                          : t->shape[0] * t->shape[1] * int64_t{sizeof(float)};
+    };
+    const int64_t kv = m.model->KvBytesPerBlock(kBlockSize) * context / kBlockSize / c.num_layers;
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      Add(matrix(b + "attn_q.weight") + matrix(b + "attn_k.weight") + matrix(b + "attn_v.weight"), false);
+      Add(kv, true);
+      Add(matrix(b + "attn_output.weight"), false);
+      Add(matrix(b + "ffn_gate.weight") + matrix(b + "ffn_up.weight"), false);
+      Add(matrix(b + "ffn_down.weight"), false);
+    }
+    Add(matrix(c.tied_embeddings ? "token_embd.weight" : "output.weight"), false);
+    weights_ = std::make_unique<PagedMemory>(weight_bytes_, /*huge=*/true);
+    kv_ = std::make_unique<PagedMemory>(kv_bytes_, /*huge=*/true);
+  }
+
+  int64_t bytes() const { return weight_bytes_ + kv_bytes_; }
+
+  void Read(ThreadPool& pool, std::vector<int64_t>* sums) {
+    for (const Piece& piece : pieces_) {
+      const uint8_t* base = (piece.kv ? kv_->data() : weights_->data()) + piece.offset;
+      pool.ParallelFor(piece.bytes / kUnit, 1, [&](int64_t begin, int64_t end, int32_t t) {
+        (*sums)[t] += SumAvx2(base + begin * kUnit, (end - begin) * kUnit, 0);
+      });
+    }
+    benchmark::DoNotOptimize(sums->data());
+  }
+
+ private:
+  static constexpr int64_t kUnit = 4096;
+  struct Piece {
+    bool kv;
+    int64_t offset, bytes;
+  };
+  void Add(int64_t bytes, bool kv) {
+    bytes = (bytes + kUnit - 1) / kUnit * kUnit;
+    int64_t& end = kv ? kv_bytes_ : weight_bytes_;
+    pieces_.push_back({kv, end, bytes});
+    end += bytes;
+  }
+  std::vector<Piece> pieces_;
+  int64_t weight_bytes_ = 0, kv_bytes_ = 0;
+  std::unique_ptr<PagedMemory> weights_, kv_;
+};
+
 void BM_DecodeBound(benchmark::State& state) {
   constexpr int kRound = 16;
   constexpr int64_t kChunk = int64_t{1} << 20;
@@ -359,16 +428,22 @@ void BM_DecodeBound(benchmark::State& state) {
     std::nth_element(seconds.begin(), seconds.begin() + kRound / 2, seconds.end());
     return seconds[kRound / 2];
   };
-  std::vector<double> step_ms, plain_gibs, ahead_gibs, of_plain, of_fastest;
+  StepShapedReads shaped_reads(m, context);
+  std::vector<double> step_ms, plain_gibs, ahead_gibs, shaped_gibs, of_plain, of_fastest, of_shaped;
   for (auto _ : state) {
     const double step = median_of_round([&] { Run(*decode); });
     const double plain = median_of_round([&] { read(0); }) * bytes / (chunks * kChunk);
     const double ahead = median_of_round([&] { read(2048); }) * bytes / (chunks * kChunk);
+    // Its pieces are rounded up to whole units: scaled back to `bytes`.
+    const double shaped =
+        median_of_round([&] { shaped_reads.Read(pool, &sums); }) * bytes / shaped_reads.bytes();
     step_ms.push_back(1e3 * step);
     plain_gibs.push_back(bytes / plain / (1 << 30));
     ahead_gibs.push_back(bytes / ahead / (1 << 30));
+    shaped_gibs.push_back(bytes / shaped / (1 << 30));
     of_plain.push_back(plain / step);
     of_fastest.push_back(std::min(plain, ahead) / step);
+    of_shaped.push_back(shaped / step);
   }
   auto median = [](std::vector<double> v) {
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -380,6 +455,8 @@ void BM_DecodeBound(benchmark::State& state) {
   state.counters["ahead_GiBs"] = median(ahead_gibs);
   state.counters["of_plain"] = median(of_plain);
   state.counters["of_fastest"] = median(of_fastest);
+  state.counters["shaped_GiBs"] = median(shaped_gibs);
+  state.counters["of_shaped"] = median(of_shaped);
 }
 BENCHMARK(BM_DecodeBound)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 
