@@ -62,6 +62,15 @@ if [[ " $servers " == *" llama "* ]] && [ ! -x "$server_bin" ]; then
   cp "$src/build/bin/llama-server" "$server_bin"
 fi
 
+# On processors with AMX, llama.cpp moves Q4_1 weights into its AMX buffer,
+# whose matmul segfaults in the first decode on some of them (seen on a 2-core
+# Xeon VM on 2026-12-05; llama.cpp issue #20824, closed without a fix).
+# --no-repack keeps the weights in ggml's own AVX-512/VNNI path instead. For
+# Q4_1 on a processor without AMX the flag changes nothing: ggml repacks no
+# Q4_1 weight for the CPU, so earlier tables stay comparable.
+llama_extra=()
+grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && llama_extra=(--no-repack)
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # Waits until URL answers 200, or the process PID has died.
@@ -122,7 +131,7 @@ run_one() {
   else
     # -np 64 slots, each with room for one request's prompt and output.
     "$server_bin" -m "$model" -t "$threads" -np 64 -c $((64 * (in + outlen + 16))) --host 127.0.0.1 \
-      --port "$port" > "$out/$tag.log" 2>&1 &
+      --port "$port" "${llama_extra[@]}" > "$out/$tag.log" 2>&1 &
     pid=$!
     wait_ready "http://127.0.0.1:$port/health" $pid "$out/$tag.log" || { stop $pid; return 1; }
   fi
