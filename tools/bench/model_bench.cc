@@ -38,6 +38,7 @@
 //
 //   build/bin/model_bench --threads=2   (default: 2)
 //   --float-gemm-min-rows=N  CpuBackendOptions::float_gemm_min_rows
+//   --prefetch-bytes=N       cpu::SetQuantPrefetchBytes (this CPU's default otherwise)
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -628,6 +629,9 @@ BENCHMARK(BM_ComputeScaling)->Unit(benchmark::kMillisecond)->UseRealTime();
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) tandem::worker::g_threads = std::atoi(argv[i] + 10);
+    if (std::strncmp(argv[i], "--prefetch-bytes=", 17) == 0) {
+      tandem::worker::cpu::SetQuantPrefetchBytes(std::atoll(argv[i] + 17));
+    }
     if (std::strncmp(argv[i], "--float-gemm-min-rows=", 22) == 0) {
       tandem::worker::g_float_gemm_min_rows = std::atoll(argv[i] + 22);
     }

@@ -132,6 +132,23 @@ float QuantDotReference(const QuantizedRows& x, int64_t i, const uint8_t* w_row,
 void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, int32_t ggml_type, int64_t n,
                  int64_t k, float* y, bool accumulate, std::vector<std::vector<float>>* scratch);
 
+// How far ahead, in bytes, the AVX2 kernels that read packed weights
+// straight from memory (the GEMV, the tiles for two to five rows of x, the
+// unpacking of a group for more) ask for the weights they will read next:
+// one software prefetch per 64 bytes read, that far ahead in the same
+// stream (0: none, the hardware prefetcher alone). On Intel 8 KiB: on a
+// 2-core Xeon VM (2 MiB L2 a core) batch-1 decode steps took 2.7-2.9 ms
+// instead of 4.7-5.0 (2-6 KiB ahead: 2.8-3.7 ms; 12 KiB and more no
+// better), batch 16 about 10% less, batch 64 the same. The hardware's L2
+// streamer does not cross 4 KiB pages, and a step's matrices are read in
+// short loops of 0.1-0.5 MB a thread, so without them a stream keeps
+// restarting. Elsewhere 0: on Zen 4, where steps reached 78-84% of the
+// memory bound without them, asking for each next pair of groups made steps
+// 2-9% slower (README, Performance); this scheme is not yet measured there.
+int64_t QuantPrefetchBytes();
+// For benchmarks: sets QuantPrefetchBytes (results are the same bits).
+void SetQuantPrefetchBytes(int64_t bytes);
+
 // Whether the AVX2 kernels are in use.
 bool UsingQuantAvx2();
 // Whether they use AVX-512 VNNI's vpdpbusd for the integer products (where

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -75,6 +76,25 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 LoadGroupScales(const uin
 }
 __attribute__((target("avx2,fma,f16c"))) inline __m256 LoadGroupMins(const uint8_t* block) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * kGroupRows)));
+}
+
+
+// How far ahead the kernels that read packed weights straight from memory
+// prefetch them; see quant_gemm.h, QuantPrefetchBytes.
+int64_t DefaultPrefetchBytes() {
+  __builtin_cpu_init();  // may run before main
+  return __builtin_cpu_is("intel") ? 8192 : 0;
+}
+std::atomic<int64_t> g_prefetch_bytes{DefaultPrefetchBytes()};
+
+// Asks for the kBytes at `ahead` bytes past p (the same stretch of the
+// weights a step later), unless ahead is 0.
+template <int64_t kBytes>
+inline void PrefetchAhead(const uint8_t* p, int64_t ahead) {
+  if (ahead == 0) return;
+  for (int64_t line = 0; line < kBytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
+  }
 }
 
 // acc + the eight int32 sums of four u8 x s8 products each: maddubs, madd
@@ -189,10 +209,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m2
 // group at a time reached 44 GB/s a core in L2; a pair read as two streams
 // lost a fifth from DRAM. With VNNI, Q4's high nibbles go in unshifted
 // (kUnshiftedHigh: 7-15% less time in L2). The same integers, fma per block
-// and min term as TileAvx2, so the same bits. No software prefetch: the
-// weights sit in 2 MiB pages, whose linear streams the hardware prefetcher
-// follows alone; asking for the next pair as well made batch-1 decode steps
-// 2-9% slower (steps alternated one by one in one process, five runs).
+// and min term as TileAvx2, so the same bits. Software prefetches run
+// QuantPrefetchBytes ahead of the stream (quant_gemm.h: on Intel the step
+// took 40% less time; on Zen 4 asking for each next pair as well had made
+// batch-1 decode steps 2-9% slower, steps alternated one by one in one
+// process, five runs).
 template <int32_t kType, bool kVnni, int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
@@ -202,10 +223,12 @@ __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows&
   const int8_t* xq = x.q.data() + i0 * x.k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xsum = x.s.data() + i0 * nb;
+  const int64_t ahead = g_prefetch_bytes.load(std::memory_order_relaxed);
   __m256 acc[kGroups], min[kGroups];
   for (int g = 0; g < kGroups; ++g) acc[g] = min[g] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w + b * kStride;  // group g's at + g * kBytes
+    PrefetchAhead<kStride * kGroups / kPairGroups>(block, ahead);
     __m256i sums[kGroups], high[kGroups];
     for (int g = 0; g < kGroups; ++g) {
       sums[g] = SumsStart<kType, kVnni>(x, i0 * nb + b);
@@ -266,8 +289,10 @@ __attribute__((target("avx2,fma,f16c"))) void PackGroupAvx2(const uint8_t* w, in
     g->d.resize(nb * kGroupRows);
     g->m.resize(nb * kGroupRows);
   }
+  const int64_t ahead = g_prefetch_bytes.load(std::memory_order_relaxed);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = w + b * kGroupStride<kType>;
+    PrefetchAhead<kGroupBlockBytes<kType>>(block, ahead);
     _mm256_storeu_ps(g->d.data() + b * kGroupRows, LoadGroupScales(block));
     if (kType == portable::kGgmlQ4_1) _mm256_storeu_ps(g->m.data() + b * kGroupRows, LoadGroupMins(block));
     for (int p = 0; p < 4; ++p) {
@@ -361,6 +386,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void TilePa
   const int8_t* xq = x.q.data() + i0 * k;
   const float* xd = x.d.data() + i0 * nb;
   const float* xsum = x.s.data() + i0 * nb;
+  const int64_t ahead = kPacked ? 0 : g_prefetch_bytes.load(std::memory_order_relaxed);
   __m256 acc[MR][2], min[MR][2];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -369,7 +395,10 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void TilePa
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = nullptr;  // the pair's block b unless kPacked
-    if constexpr (!kPacked) block = w + b * kGroupStride<kType>;
+    if constexpr (!kPacked) {
+      block = w + b * kGroupStride<kType>;
+      PrefetchAhead<kGroupStride<kType>>(block, ahead);
+    }
     __m256i sums[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) sums[i][0] = sums[i][1] = SumsStart<kType, true>(x, (i0 + i) * nb + b);
@@ -534,6 +563,10 @@ __attribute__((target("avx2,fma,f16c"))) void RowsAvx2(const QuantizedRows& x, i
 }
 
 }  // namespace
+
+int64_t QuantPrefetchBytes() { return g_prefetch_bytes.load(std::memory_order_relaxed); }
+
+void SetQuantPrefetchBytes(int64_t bytes) { g_prefetch_bytes.store(bytes, std::memory_order_relaxed); }
 
 const Avx2Kernels& QuantKernelsAvx2(bool vnni) {
   static constexpr Avx2Kernels kPlain{QuantizeRowAvx2, RowsAvx2<portable::kGgmlQ4_0, false>,

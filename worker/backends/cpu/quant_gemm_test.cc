@@ -114,6 +114,18 @@ TEST_P(QuantGemmTest, EveryBatchSizeEqualsTheReference) {
   WithAndWithoutVnni([&] { ExpectEveryBatchSizeEqualsTheReference(); });
 }
 
+TEST_P(QuantGemmTest, PrefetchingChangesNoBits) {
+  // The kernels' software prefetches (on by default on Intel only) run
+  // whatever this CPU's default, and their absence too.
+  const int64_t default_bytes = QuantPrefetchBytes();
+  for (int64_t bytes : {int64_t{0}, int64_t{8192}, int64_t{64}}) {
+    SetQuantPrefetchBytes(bytes);
+    ExpectEveryShapeEqualsTheReference();
+    ExpectEveryBatchSizeEqualsTheReference();
+  }
+  SetQuantPrefetchBytes(default_bytes);
+}
+
 void QuantGemmTest::ExpectEveryShapeEqualsTheReference() {
   std::mt19937 rng(1);
   for (int32_t threads : {1, 2}) {
