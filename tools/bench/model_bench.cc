@@ -20,6 +20,8 @@
 //                    to read the bytes it must read, alternated in rounds
 //                    (the fraction of the bound each reader sets: flat
 //                    streams, and reads in the step's own pieces and order)
+//   BM_PrefetchAB/C  a batch-1 step with and without the quantized kernels'
+//                    software prefetches, alternated
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
 //   BM_Attention/B/C  a decode step's attention alone: 30 layers of
@@ -460,6 +462,46 @@ void BM_DecodeBound(benchmark::State& state) {
   state.counters["of_shaped"] = median(of_shaped);
 }
 BENCHMARK(BM_DecodeBound)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A batch-1 step of C cached tokens with the kernels' software prefetches
+// (QuantPrefetchBytes, or --prefetch-bytes) and without, alternated in
+// rounds of kRound steps in one process: the VM's bandwidth moves within
+// seconds, so only steps taken side by side compare. Counters: median step
+// of each (`on_ms`, `off_ms`) and their ratio per round, median (`speedup`).
+void BM_PrefetchAB(benchmark::State& state) {
+  constexpr int kRound = 8;
+  const int64_t on = cpu::QuantPrefetchBytes() != 0 ? cpu::QuantPrefetchBytes() : 8192;
+  auto prefill = MakeStep(1, 0, static_cast<int32_t>(state.range(0)));
+  Run(*prefill);
+  auto decode = MakeStep(1, static_cast<int32_t>(state.range(0)), 1);
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  auto round_ms = [&](int64_t prefetch) {
+    cpu::SetQuantPrefetchBytes(prefetch);
+    std::vector<double> ms(kRound);
+    for (double& t : ms) {
+      const auto start = std::chrono::steady_clock::now();
+      Run(*decode);
+      t = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    return median(ms);
+  };
+  const int64_t before = cpu::QuantPrefetchBytes();
+  std::vector<double> on_ms, off_ms, speedup;
+  for (auto _ : state) {
+    on_ms.push_back(round_ms(on));
+    off_ms.push_back(round_ms(0));
+    speedup.push_back(off_ms.back() / on_ms.back());
+  }
+  cpu::SetQuantPrefetchBytes(before);
+  state.counters["prefetch_bytes"] = static_cast<double>(on);
+  state.counters["on_ms"] = median(on_ms);
+  state.counters["off_ms"] = median(off_ms);
+  state.counters["speedup"] = median(speedup);
+}
+BENCHMARK(BM_PrefetchAB)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
 // One row of x (k = 576, SmolLM2's width) by N weight rows of type T
 // (2: Q4_0, 3: Q4_1, 8: Q8_0), packed as CpuBackend::LoadWeight packs them,
