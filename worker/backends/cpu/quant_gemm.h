@@ -136,15 +136,21 @@ void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, 
 // straight from memory (the GEMV, the tiles for two to five rows of x, the
 // unpacking of a group for more) ask for the weights they will read next:
 // one software prefetch per 64 bytes read, that far ahead in the same
-// stream (0: none, the hardware prefetcher alone). On Intel 8 KiB: on a
-// 2-core Xeon VM (2 MiB L2 a core) batch-1 decode steps took 2.7-2.9 ms
-// instead of 4.7-5.0 (2-6 KiB ahead: 2.8-3.7 ms; 12 KiB and more no
-// better), batch 16 about 10% less, batch 64 the same. The hardware's L2
-// streamer does not cross 4 KiB pages, and a step's matrices are read in
-// short loops of 0.1-0.5 MB a thread, so without them a stream keeps
-// restarting. Elsewhere 0: on Zen 4, where steps reached 78-84% of the
-// memory bound without them, asking for each next pair of groups made steps
-// 2-9% slower (README, Performance); this scheme is not yet measured there.
+// stream (0: none, the hardware prefetcher alone). A step's matrices are
+// read in short loops of 0.1-0.5 MB a thread, and the hardware's streams
+// restart at every 4 KiB page. On Intel 8 KiB, measured on a 2-core Xeon VM
+// (2 MiB L2 a core, 480 MiB of L3 shared with the host's other guests):
+// where the weights come from memory (BM_DecodeBound, whose readers
+// between the steps' rounds evict them; separate runs in minutes of heavy
+// neighbours) batch-1 steps took 3.4-3.9 ms instead of 5.0-5.1 (BM_Decode
+// in separate runs: 2.7-2.9 instead of 4.7-5.0), 0.69-0.93 of the step-shaped
+// reads' bound instead of 0.55-0.59 (4 KiB: 0.70-0.77; 16 KiB no better),
+// batch 16 about 10% less, batch 64 the same; where the weights stay in L3
+// between steps (BM_PrefetchAB, steps alternated in one process) the same
+// time (0.99-1.01). Elsewhere 0: on Zen 4, where steps reached 78-84% of
+// the memory bound without them, asking for each next pair of groups had
+// made steps 2-9% slower; this scheme is not yet measured there
+// (BM_PrefetchAB and BM_DecodeBound with --prefetch-bytes do).
 int64_t QuantPrefetchBytes();
 // For benchmarks: sets QuantPrefetchBytes (results are the same bits).
 void SetQuantPrefetchBytes(int64_t bytes);

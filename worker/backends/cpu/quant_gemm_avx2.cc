@@ -210,10 +210,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void StoreGroup(__m256 acc, __m2
 // lost a fifth from DRAM. With VNNI, Q4's high nibbles go in unshifted
 // (kUnshiftedHigh: 7-15% less time in L2). The same integers, fma per block
 // and min term as TileAvx2, so the same bits. Software prefetches run
-// QuantPrefetchBytes ahead of the stream (quant_gemm.h: on Intel the step
-// took 40% less time; on Zen 4 asking for each next pair as well had made
-// batch-1 decode steps 2-9% slower, steps alternated one by one in one
-// process, five runs).
+// QuantPrefetchBytes ahead of the stream (quant_gemm.h). Not kept: the
+// pair of groups in one 512-bit vector (a load and an insert per run, each
+// mask, vpdpbusd and fma for sixteen rows), the same bits but no faster on
+// the Xeon VM: 2,048 Q4_1 rows in L2 9.5-10.0 us against 9.3-9.5, Q8_0
+// 11.0 against 9.8, batch-1 steps alternated 0.995-1.000 of the time.
 template <int32_t kType, bool kVnni, int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void GemvGroupAvx2(const QuantizedRows& x, int64_t i0, const uint8_t* w,
                                                         float* y, bool accumulate) {
