@@ -19,7 +19,8 @@
 //   BM_DecodeBound/C  a batch-1 step of C cached tokens against the time
 //                    to read the bytes it must read, alternated in rounds
 //                    (the fraction of the bound each reader sets: flat
-//                    streams, and reads in the step's own pieces and order)
+//                    streams, reads in the step's own pieces and order, and
+//                    a stream through 2 GiB that no cache holds)
 //   BM_PrefetchAB/C  a batch-1 step with and without the quantized kernels'
 //                    software prefetches, alternated
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
@@ -328,10 +329,14 @@ BENCHMARK(BM_ReadBandwidth)
 // plain AVX2 sum and kRound by the sum prefetching 2 KiB ahead, each in its
 // own steady state; then kRound reads of the same bytes in the step's own
 // shape (StepShapedReads): the pieces a step reads, in its order, one pool
-// loop each. Counters are medians over rounds: `step_ms`, the readers'
-// GiB/s, and the step's time as a fraction of the bound each sets
+// loop each; then kRound reads of as many bytes from a 2 GiB span, each
+// where the last one ended, so that none finds its lines in a cache: the
+// memory's own bandwidth, where the readers before reread one step's bytes
+// as the step does (a cache as large as the Intel VM's 480 MiB L3 serves
+// them part of those). Counters are medians over rounds: `step_ms`, the
+// readers' GiB/s, and the step's time as a fraction of the bound each sets
 // (`of_plain`, `of_fastest`: the faster flat reader of that round;
-// `of_shaped`).
+// `of_shaped`; `of_far`, `far_GiBs`: the 2 GiB span).
 // The bytes a batch-1 step of `context` cached tokens reads, as the pieces
 // it reads them in, in its order: per layer the Q, K and V weights (one
 // loop), the layer's keys and values, the output projection, the gate and
@@ -432,7 +437,24 @@ void BM_DecodeBound(benchmark::State& state) {
     return seconds[kRound / 2];
   };
   StepShapedReads shaped_reads(m, context);
-  std::vector<double> step_ms, plain_gibs, ahead_gibs, shaped_gibs, of_plain, of_fastest, of_shaped;
+  // The memory itself: as many bytes, prefetched 2 KiB ahead, from a span
+  // of kFarBytes read in turn, so that no read finds another's lines in a
+  // cache (the Intel VM's L3 is 480 MiB; the cyclic readers above, like the
+  // step, reread one step's bytes and find some of them there).
+  constexpr int64_t kFarBytes = int64_t{2} << 30;
+  const int64_t far_slices = std::max<int64_t>(2, kFarBytes / (chunks * kChunk));
+  PagedMemory far(far_slices * chunks * kChunk, /*huge=*/true);
+  int64_t far_slice = 0;
+  auto read_far = [&] {
+    const uint8_t* base = far.data() + far_slice * chunks * kChunk;
+    far_slice = (far_slice + 1) % far_slices;
+    pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int32_t t) {
+      sums[t] += SumAvx2(base + begin * kChunk, (end - begin) * kChunk, 2048);
+    });
+    benchmark::DoNotOptimize(sums.data());
+  };
+  std::vector<double> step_ms, plain_gibs, ahead_gibs, shaped_gibs, far_gibs, of_plain, of_fastest, of_shaped,
+      of_far;
   for (auto _ : state) {
     const double step = median_of_round([&] { Run(*decode); });
     const double plain = median_of_round([&] { read(0); }) * bytes / (chunks * kChunk);
@@ -440,7 +462,10 @@ void BM_DecodeBound(benchmark::State& state) {
     // Its pieces are rounded up to whole units: scaled back to `bytes`.
     const double shaped =
         median_of_round([&] { shaped_reads.Read(pool, &sums); }) * bytes / shaped_reads.bytes();
+    const double far_read = median_of_round(read_far) * bytes / (chunks * kChunk);
     step_ms.push_back(1e3 * step);
+    far_gibs.push_back(bytes / far_read / (1 << 30));
+    of_far.push_back(far_read / step);
     plain_gibs.push_back(bytes / plain / (1 << 30));
     ahead_gibs.push_back(bytes / ahead / (1 << 30));
     shaped_gibs.push_back(bytes / shaped / (1 << 30));
@@ -460,6 +485,8 @@ void BM_DecodeBound(benchmark::State& state) {
   state.counters["of_fastest"] = median(of_fastest);
   state.counters["shaped_GiBs"] = median(shaped_gibs);
   state.counters["of_shaped"] = median(of_shaped);
+  state.counters["far_GiBs"] = median(far_gibs);
+  state.counters["of_far"] = median(of_far);
 }
 BENCHMARK(BM_DecodeBound)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 
