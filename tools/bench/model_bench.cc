@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -320,6 +321,24 @@ BENCHMARK(BM_ReadBandwidth)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The median of v.
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `calls` calls of f.
+template <typename F>
+double MedianSeconds(int calls, F&& f) {
+  std::vector<double> seconds(calls);
+  for (double& s : seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return Median(std::move(seconds));
+}
+
 // A batch-1 decode step against the memory bound for the bytes it must read
 // (the model's weights and the keys and values of C cached tokens), both
 // measured in the same second: the VM's bandwidth moves within seconds with
@@ -419,23 +438,14 @@ void BM_DecodeBound(benchmark::State& state) {
   PagedMemory memory(chunks * kChunk, /*huge=*/true);
   ThreadPool& pool = m.backend->pool();
   std::vector<int64_t> sums(pool.num_threads());
-  auto read = [&](int64_t ahead) {
+  // Reads `chunks` chunks at base, prefetching `ahead` bytes ahead.
+  auto read = [&](const uint8_t* base, int64_t ahead) {
     pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int32_t t) {
-      sums[t] += SumAvx2(memory.data() + begin * kChunk, (end - begin) * kChunk, ahead);
+      sums[t] += SumAvx2(base + begin * kChunk, (end - begin) * kChunk, ahead);
     });
     benchmark::DoNotOptimize(sums.data());
   };
-  // Median seconds of kRound calls of f.
-  auto median_of_round = [](auto&& f) {
-    std::vector<double> seconds(kRound);
-    for (double& s : seconds) {
-      const auto start = std::chrono::steady_clock::now();
-      f();
-      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + kRound / 2, seconds.end());
-    return seconds[kRound / 2];
-  };
+  auto median_of_round = [](auto&& f) { return MedianSeconds(kRound, f); };
   StepShapedReads shaped_reads(m, context);
   // The memory itself: as many bytes, prefetched 2 KiB ahead, from a span
   // of kFarBytes read in turn, so that no read finds another's lines in a
@@ -446,19 +456,15 @@ void BM_DecodeBound(benchmark::State& state) {
   PagedMemory far(far_slices * chunks * kChunk, /*huge=*/true);
   int64_t far_slice = 0;
   auto read_far = [&] {
-    const uint8_t* base = far.data() + far_slice * chunks * kChunk;
+    read(far.data() + far_slice * chunks * kChunk, 2048);
     far_slice = (far_slice + 1) % far_slices;
-    pool.ParallelFor(chunks, 1, [&](int64_t begin, int64_t end, int32_t t) {
-      sums[t] += SumAvx2(base + begin * kChunk, (end - begin) * kChunk, 2048);
-    });
-    benchmark::DoNotOptimize(sums.data());
   };
   std::vector<double> step_ms, plain_gibs, ahead_gibs, shaped_gibs, far_gibs, of_plain, of_fastest, of_shaped,
       of_far;
   for (auto _ : state) {
     const double step = median_of_round([&] { Run(*decode); });
-    const double plain = median_of_round([&] { read(0); }) * bytes / (chunks * kChunk);
-    const double ahead = median_of_round([&] { read(2048); }) * bytes / (chunks * kChunk);
+    const double plain = median_of_round([&] { read(memory.data(), 0); }) * bytes / (chunks * kChunk);
+    const double ahead = median_of_round([&] { read(memory.data(), 2048); }) * bytes / (chunks * kChunk);
     // Its pieces are rounded up to whole units: scaled back to `bytes`.
     const double shaped =
         median_of_round([&] { shaped_reads.Read(pool, &sums); }) * bytes / shaped_reads.bytes();
@@ -473,20 +479,16 @@ void BM_DecodeBound(benchmark::State& state) {
     of_fastest.push_back(std::min(plain, ahead) / step);
     of_shaped.push_back(shaped / step);
   }
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
   state.counters["MB"] = bytes / 1e6;
-  state.counters["step_ms"] = median(step_ms);
-  state.counters["plain_GiBs"] = median(plain_gibs);
-  state.counters["ahead_GiBs"] = median(ahead_gibs);
-  state.counters["of_plain"] = median(of_plain);
-  state.counters["of_fastest"] = median(of_fastest);
-  state.counters["shaped_GiBs"] = median(shaped_gibs);
-  state.counters["of_shaped"] = median(of_shaped);
-  state.counters["far_GiBs"] = median(far_gibs);
-  state.counters["of_far"] = median(of_far);
+  state.counters["step_ms"] = Median(step_ms);
+  state.counters["plain_GiBs"] = Median(plain_gibs);
+  state.counters["ahead_GiBs"] = Median(ahead_gibs);
+  state.counters["of_plain"] = Median(of_plain);
+  state.counters["of_fastest"] = Median(of_fastest);
+  state.counters["shaped_GiBs"] = Median(shaped_gibs);
+  state.counters["of_shaped"] = Median(of_shaped);
+  state.counters["far_GiBs"] = Median(far_gibs);
+  state.counters["of_far"] = Median(of_far);
 }
 BENCHMARK(BM_DecodeBound)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -501,19 +503,9 @@ void BM_PrefetchAB(benchmark::State& state) {
   auto prefill = MakeStep(1, 0, static_cast<int32_t>(state.range(0)));
   Run(*prefill);
   auto decode = MakeStep(1, static_cast<int32_t>(state.range(0)), 1);
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
   auto round_ms = [&](int64_t prefetch) {
     cpu::SetQuantPrefetchBytes(prefetch);
-    std::vector<double> ms(kRound);
-    for (double& t : ms) {
-      const auto start = std::chrono::steady_clock::now();
-      Run(*decode);
-      t = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
-    return median(ms);
+    return 1e3 * MedianSeconds(kRound, [&] { Run(*decode); });
   };
   const int64_t before = cpu::QuantPrefetchBytes();
   std::vector<double> on_ms, off_ms, speedup;
@@ -524,9 +516,9 @@ void BM_PrefetchAB(benchmark::State& state) {
   }
   cpu::SetQuantPrefetchBytes(before);
   state.counters["prefetch_bytes"] = static_cast<double>(on);
-  state.counters["on_ms"] = median(on_ms);
-  state.counters["off_ms"] = median(off_ms);
-  state.counters["speedup"] = median(speedup);
+  state.counters["on_ms"] = Median(on_ms);
+  state.counters["off_ms"] = Median(off_ms);
+  state.counters["speedup"] = Median(speedup);
 }
 BENCHMARK(BM_PrefetchAB)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
@@ -699,7 +691,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) tandem::worker::g_threads = std::atoi(argv[i] + 10);
     if (std::strncmp(argv[i], "--prefetch-bytes=", 17) == 0) {
-      tandem::worker::cpu::SetQuantPrefetchBytes(std::atoll(argv[i] + 17));
+      char* end = nullptr;
+      const long long bytes = std::strtoll(argv[i] + 17, &end, 10);
+      if (end == argv[i] + 17 || *end != '\0' || bytes < 0) {
+        std::fprintf(stderr, "model_bench: --prefetch-bytes takes a byte count >= 0, got '%s'\n", argv[i] + 17);
+        return 2;
+      }
+      tandem::worker::cpu::SetQuantPrefetchBytes(bytes);
     }
     if (std::strncmp(argv[i], "--float-gemm-min-rows=", 22) == 0) {
       tandem::worker::g_float_gemm_min_rows = std::atoll(argv[i] + 22);

@@ -78,7 +78,6 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 LoadGroupMins(const uint8
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * kGroupRows)));
 }
 
-
 // How far ahead the kernels that read packed weights straight from memory
 // prefetch them; see quant_gemm.h, QuantPrefetchBytes.
 int64_t DefaultPrefetchBytes() {
