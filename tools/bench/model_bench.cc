@@ -25,6 +25,8 @@
 //                    software prefetches, alternated
 //   BM_Gemv/T/N/H    the decode GEMV alone: one row of x by N weight rows
 //                    of type T (2: Q4_0, 3: Q4_1, 8: Q8_0), in L2 or DRAM
+//   BM_GemvFar/T/N   the decode GEMV from weights no cache holds, against
+//                    the bare reader of the same bytes, alternated
 //   BM_Attention/B/C  a decode step's attention alone: 30 layers of
 //                    PagedAttention for B sequences of C cached tokens
 //                    (SmolLM2's 9 query and 3 KV heads of 64), each layer's
@@ -558,6 +560,71 @@ BENCHMARK(BM_Gemv)
     ->ArgsProduct({{2, 3, 8}, {384, 2048, 196608}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// The decode GEMV (Q4_1, k = 576) over N weight rows that no cache holds,
+// against the bare AVX2 sum of the same bytes, alternated in rounds: each
+// call reads the next of the copies of one packed matrix that fill a 2 GiB
+// span, as each read does. Counters: the GEMV's and the reader's GiB/s
+// (medians over rounds) and their ratio per round (`of_read`, median).
+void BM_GemvFar(benchmark::State& state) {
+  constexpr int64_t k = 576;
+  constexpr int64_t kUnit = 4096;
+  constexpr int64_t kSpan = int64_t{2} << 30;
+  const auto type = static_cast<int32_t>(state.range(0));
+  const int64_t n = state.range(1);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  const int64_t row_bytes = cpu::QuantizedRowBytes(type, k);
+  std::vector<float> row(k);
+  std::vector<uint8_t> gguf_rows(n * row_bytes);
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& v : row) v = normal(rng);
+    TANDEM_CHECK_OK(gguf::QuantizeRow(static_cast<gguf::GgmlType>(type), row.data(), &gguf_rows[r * row_bytes], k));
+  }
+  const int64_t packed = cpu::PackedWeightBytes(type, n, k);
+  const int64_t slice = (packed + kUnit - 1) / kUnit * kUnit;
+  const int64_t slices = std::max<int64_t>(2, kSpan / slice);
+  PagedMemory far(slices * slice, /*huge=*/true);
+  cpu::PackWeightRows(type, gguf_rows.data(), n, k, far.data());
+  for (int64_t s = 1; s < slices; ++s) std::memcpy(far.data() + s * slice, far.data(), packed);
+  for (float& v : row) v = normal(rng);
+  ThreadPool pool(g_threads);
+  cpu::QuantizedRows x;
+  cpu::QuantizeRows(pool, row.data(), 1, k, &x);
+  std::vector<float> y(n);
+  std::vector<int64_t> sums(pool.num_threads());
+  const int64_t calls = std::max<int64_t>(16, (int64_t{256} << 20) / slice);
+  int64_t at = 0;
+  auto next = [&] {
+    const uint8_t* p = far.data() + at * slice;
+    at = (at + 1) % slices;
+    return p;
+  };
+  auto timed = [&](auto&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t c = 0; c < calls; ++c) f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<double> gemv_gibs, read_gibs, of_read;
+  for (auto _ : state) {
+    const double gemv = timed([&] { cpu::QuantGemm(pool, x, next(), type, n, y.data(), false); });
+    const double read = timed([&] {
+      const uint8_t* p = next();
+      pool.ParallelFor(slice / kUnit, 1, [&](int64_t begin, int64_t end, int32_t t) {
+        sums[t] += SumAvx2(p + begin * kUnit, (end - begin) * kUnit, 2048);
+      });
+    });
+    benchmark::DoNotOptimize(sums.data());
+    gemv_gibs.push_back(calls * packed / gemv / (1 << 30));
+    read_gibs.push_back(calls * slice / read / (1 << 30));
+    of_read.push_back(read / gemv * packed / slice);
+  }
+  state.counters["MB"] = packed / 1e6;
+  state.counters["gemv_GiBs"] = Median(gemv_gibs);
+  state.counters["read_GiBs"] = Median(read_gibs);
+  state.counters["of_read"] = Median(of_read);
+}
+BENCHMARK(BM_GemvFar)->Args({3, 3072})->Args({3, 196608})->Args({8, 49152})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Attention(benchmark::State& state) {
   constexpr int32_t kLayers = 30, kHeads = 9, kKvHeads = 3, kHeadDim = 64;

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "worker/backends/cpu/prefetch.h"
 
 namespace tandem::worker::cpu {
 namespace {
@@ -24,7 +25,7 @@ void PrefetchRows(const T* cache, const BlockId* table, int32_t block_size, int3
     const char* from =
         reinterpret_cast<const char*>(cache + (int64_t{table[blk]} * block_size + j % block_size) * kv_width);
     const char* to = from + int64_t{stop - j} * kv_width * sizeof(T);
-    for (; from < to; from += 64) __builtin_prefetch(from, 0, 2);
+    for (; from < to; from += 64) PrefetchT1(from);
     j = stop;
   }
 }

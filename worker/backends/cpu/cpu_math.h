@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "worker/backends/cpu/prefetch.h"
+
 namespace tandem::worker::cpu {
 
 // sum(a[i] * b[i])
@@ -72,7 +74,7 @@ class alignas(64) RowPrefetcher {  // a cache line of its own: one per thread, w
     for (int64_t i = int64_t{visits} * lines_per_visit_; i > 0; --i) {
       const char* line = NextLine();
       if (line == nullptr) return;
-      __builtin_prefetch(line, 0, 2);
+      PrefetchT1(line);
     }
   }
   // The next line to ask for (its first byte), or null when none is left.

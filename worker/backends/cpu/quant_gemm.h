@@ -135,22 +135,18 @@ void DequantGemm(ThreadPool& pool, const float* x, int64_t m, const uint8_t* w, 
 // How far ahead, in bytes, the AVX2 kernels that read packed weights
 // straight from memory (the GEMV, the tiles for two to five rows of x, the
 // unpacking of a group for more) ask for the weights they will read next:
-// one software prefetch per 64 bytes read, that far ahead in the same
-// stream (0: none, the hardware prefetcher alone). A step's matrices are
-// read in short loops of 0.1-0.5 MB a thread, and the hardware's streams
-// restart at every 4 KiB page. On Intel 8 KiB, measured on a 2-core Xeon VM
-// (2 MiB L2 a core, 480 MiB of L3 shared with the host's other guests):
-// where the weights come from memory (BM_DecodeBound, whose readers
-// between the steps' rounds evict them; separate runs in minutes of heavy
-// neighbours) batch-1 steps took 3.4-3.9 ms instead of 5.0-5.1 (BM_Decode
-// in separate runs: 2.7-2.9 instead of 4.7-5.0), 0.69-0.93 of the step-shaped
-// reads' bound instead of 0.55-0.59 (4 KiB: 0.70-0.77; 16 KiB no better),
-// batch 16 about 10% less, batch 64 the same; where the weights stay in L3
-// between steps (BM_PrefetchAB, steps alternated in one process) the same
-// time (0.99-1.01). Elsewhere 0: on Zen 4, where steps reached 78-84% of
-// the memory bound without them, asking for each next pair of groups had
-// made steps 2-9% slower; this scheme is not yet measured there
-// (BM_PrefetchAB and BM_DecodeBound with --prefetch-bytes do).
+// one software prefetch (into L2, prefetcht1) per 64 bytes read, that far
+// ahead in the same stream (0: none, the hardware prefetcher alone). On
+// Intel 2,560, measured on a 2-core Xeon VM (2 MiB L2 a core, 480 MiB L3
+// shared with the host's other guests) with BM_GemvFar (the GEMV from a
+// 2 GiB span against the bare reader, alternated): Q4_1 at 0.72-0.75 of the
+// reader without, 0.85-0.89 with (0.81-0.86 with prefetcht0 at 2-3 KiB;
+// 4 KiB 0.67, 8 KiB 0.59-0.62: worse than none), Q8_0 0.84 and 0.93; batch-1
+// steps (BM_Decode/1/128, separate runs alternated) 3.0-3.3 ms against
+// 4.65-4.77, batch 16 4% and batch 64 2% less time. (Until 2026-12-05 the
+// compiler had deleted these prefetches; see prefetch.h: the figures
+// claimed for them before were the VM's drift.) Elsewhere 0: not measured
+// on Zen 4 since.
 int64_t QuantPrefetchBytes();
 // For benchmarks: sets QuantPrefetchBytes (results are the same bits).
 void SetQuantPrefetchBytes(int64_t bytes);
