@@ -4,31 +4,11 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "worker/backends/cpu/prefetch.h"
 
 namespace tandem::worker::cpu {
 namespace {
 
 int32_t SpansOf(int32_t context) { return (context + kSpanRows - 1) / kSpanRows; }
-
-// Asks for rows [first, last) of a cache (every KV head's part: whole rows,
-// contiguous within a block) to be brought into L2. The heads then read them
-// a third of a row at a time, which alone leaves most of the memory system
-// idle (the lines are scattered by the block table, so the hardware
-// prefetcher does not find them).
-template <typename T>
-void PrefetchRows(const T* cache, const BlockId* table, int32_t block_size, int32_t kv_width, int32_t first,
-                  int32_t last) {
-  for (int32_t j = first; j < last;) {
-    const int32_t blk = j / block_size;
-    const int32_t stop = std::min(last, (blk + 1) * block_size);
-    const char* from =
-        reinterpret_cast<const char*>(cache + (int64_t{table[blk]} * block_size + j % block_size) * kv_width);
-    const char* to = from + int64_t{stop - j} * kv_width * sizeof(T);
-    for (; from < to; from += 64) PrefetchT1(from);
-    j = stop;
-  }
-}
 
 // A half cache's sequences with several queries (prefills) read every row
 // of their context once per later query and query head (up to 3 x 512 times
@@ -115,7 +95,6 @@ absl::Status Attend(ThreadPool& pool, const AttentionParams& p, const T* k_cache
   }
   s.scores.resize(pool.num_threads());
   s.ahead.resize(pool.num_threads());
-  s.ahead_item.assign(pool.num_threads(), -1);
   auto item_token = [&](int64_t item) {
     return static_cast<int32_t>(std::upper_bound(s.item_start.begin(), s.item_start.begin() + tokens + 1, item) -
                                 s.item_start.begin() - 1);
@@ -151,26 +130,21 @@ absl::Status Attend(ThreadPool& pool, const AttentionParams& p, const T* k_cache
       const auto [t, span, first, last, table] = item_rows(item);
       const int32_t spans = SpansOf(context(t));
       const int64_t widened = s.widened_at[s.token_seq[t]];
-      // This item's rows, unless the previous item of this thread has
-      // asked for them; then the next item's, spread over this one's loops,
-      // when this thread is likely to run it (the next unit of its own
-      // range: another thread's would be fetched twice, by two cores) and
-      // it is a decode's (a sequence with several queries reads a span's
-      // rows once per query, from the cache after the first: there the
-      // visits only cost, 5% of a 512-token prefill). A widened prefill's
-      // rows were just written to scratch and are in cache.
-      if (s.ahead_item[thread] != item && widened < 0) {
-        PrefetchRows(k_cache, table, p.block_size, kv_width, first, last);
-        PrefetchRows(v_cache, table, p.block_size, kv_width, first, last);
-      }
+      // The next item's rows, spread over this one's loops, when this thread
+      // is likely to run it (the next unit of its own range: another
+      // thread's would be fetched twice, by two cores) and it is a decode's
+      // (a sequence with several queries reads a span's rows once per query,
+      // from the cache after the first: there the visits only cost, 5% of a
+      // 512-token prefill). A thread's first item goes without: asking for
+      // its rows in one burst, before reading them, cost BM_Attention/1/128
+      // 12% and /1/640 1-4% (three alternated rounds, 2026-12-05; until
+      // that day GCC had deleted the burst, see prefetch.h).
       ahead.Clear();
-      s.ahead_item[thread] = -1;
       if (item + 1 < items && pool.OwnerOf(item + 1) == thread) {
         const ItemRows next = item_rows(item + 1);
         if (decode(next.token)) {
           ahead.Reset(k_cache, v_cache, next.table, p.block_size, kv_width * int64_t{sizeof(T)}, next.first,
                       next.last, int64_t{2} * p.num_heads * (last - first));
-          s.ahead_item[thread] = item + 1;
         }
       }
       for (int32_t head = 0; head < p.num_heads; ++head) {

@@ -44,7 +44,6 @@ inline constexpr int32_t kSpanRows = 64;
 struct AttentionScratch {
   std::vector<std::vector<float>> scores;  // per pool thread: kSpanRows
   std::vector<RowPrefetcher> ahead;        // per pool thread: the rows of its next item
-  std::vector<int64_t> ahead_item;         // per pool thread: which item those are, or -1
   std::vector<int32_t> item_start;         // [tokens + 1]: first item of each token
   std::vector<int32_t> token_seq;          // [tokens]: each token's sequence
   std::vector<int32_t> merged;             // tokens of more than one span

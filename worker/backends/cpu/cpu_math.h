@@ -50,8 +50,8 @@ inline constexpr int64_t kMaxHalfRowDim = 512;
 // stall the core once its outstanding misses are at their limit, and the
 // burst's time adds to the arithmetic's; spread over the current work's
 // loads the two overlap (BM_Attention/1/640 took 20% less time and /16/640
-// 16% less, A/B on the 2-core VM of the README's figures). The burst stays
-// where rows are needed at once (cpu_attention.cc's PrefetchRows).
+// 16% less, A/B on the 2-core VM of the README's figures; with it off
+// /16/640 takes 40% longer, 2026-12-05).
 //
 // Into L2 (prefetcht1), not L1: an item's rows (96 KiB for SmolLM2's 64 in
 // float32, 48 KiB in half floats) are several times L1, so asked for into

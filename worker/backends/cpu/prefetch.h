@@ -3,10 +3,11 @@
 // GCC treats __builtin_prefetch (and _mm_prefetch, built on it) as free of
 // side effects, so a function that does nothing but prefetch is deduced
 // const or pure, and a call to it whose result is unused is deleted: until
-// 2026-12-05 the quantized kernels' PrefetchAhead and attention's
-// PrefetchRows (each a small function of a branch and a loop) compiled to
-// nothing, whatever QuantPrefetchBytes said, while a prefetch written in a
-// loop's own body survived. An asm statement marked volatile is a side
+// 2026-12-05 the quantized kernels' PrefetchAhead and attention's burst
+// over an item's rows (each a small function of a branch and a loop)
+// compiled to nothing, whatever QuantPrefetchBytes said, while a prefetch
+// written in a loop's own body survived. (The burst, once issued, cost
+// attention time and was removed.) An asm statement marked volatile is a side
 // effect the optimizer must keep, wherever it is inlined (checked with
 // objdump: quant_gemm_avx2.o went from 0 prefetches to 40).
 //
