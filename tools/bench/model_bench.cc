@@ -531,26 +531,39 @@ BENCHMARK(BM_PrefetchAB)->Arg(kContext)->Arg(kLongContext)->Unit(benchmark::kMil
 // threads' few microseconds, in which waking the pool counts); 196,608 rows
 // (69 MB of Q4_1) stream from DRAM. bytes_per_second counts weight bytes, items_per_second
 // weight rows (a thread's ns per row: 1e9 * --threads / items_per_second).
+// A GEMV's operands: n rows of k random weights in GGUF blocks of `type`
+// and one random row of x, quantized as the model quantizes it.
+struct GemvOperands {
+  std::vector<uint8_t> gguf_rows;
+  cpu::QuantizedRows x;
+};
+GemvOperands RandomGemvOperands(ThreadPool& pool, int32_t type, int64_t n, int64_t k) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  const int64_t row_bytes = cpu::QuantizedRowBytes(type, k);
+  std::vector<float> row(k);
+  GemvOperands o;
+  o.gguf_rows.resize(n * row_bytes);
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& v : row) v = normal(rng);
+    TANDEM_CHECK_OK(gguf::QuantizeRow(static_cast<gguf::GgmlType>(type), row.data(), &o.gguf_rows[r * row_bytes], k));
+  }
+  for (float& v : row) v = normal(rng);
+  cpu::QuantizeRows(pool, row.data(), 1, k, &o.x);
+  return o;
+}
+
 void BM_Gemv(benchmark::State& state) {
   const auto type = static_cast<int32_t>(state.range(0));
   const int64_t n = state.range(1);
   constexpr int64_t k = 576;
-  std::mt19937 rng(1);
   const int64_t row_bytes = cpu::QuantizedRowBytes(type, k);
-  std::vector<float> row(k);
-  std::vector<uint8_t> gguf_rows(n * row_bytes);
-  std::normal_distribution<float> normal;
-  for (int64_t r = 0; r < n; ++r) {
-    for (float& v : row) v = normal(rng);
-    TANDEM_CHECK_OK(gguf::QuantizeRow(static_cast<gguf::GgmlType>(type), row.data(), &gguf_rows[r * row_bytes], k));
-  }
-  PagedMemory w(cpu::PackedWeightBytes(type, n, k), state.range(2) != 0);
-  cpu::PackWeightRows(type, gguf_rows.data(), n, k, w.data());
-  gguf_rows = {};
-  for (float& v : row) v = normal(rng);
   ThreadPool pool(g_threads);
-  cpu::QuantizedRows x;
-  cpu::QuantizeRows(pool, row.data(), 1, k, &x);
+  GemvOperands o = RandomGemvOperands(pool, type, n, k);
+  PagedMemory w(cpu::PackedWeightBytes(type, n, k), state.range(2) != 0);
+  cpu::PackWeightRows(type, o.gguf_rows.data(), n, k, w.data());
+  o.gguf_rows = {};
+  const cpu::QuantizedRows& x = o.x;
   std::vector<float> y(n);
   for (auto _ : state) cpu::QuantGemm(pool, x, w.data(), type, n, y.data(), false);
   state.SetBytesProcessed(state.iterations() * n * row_bytes);
@@ -561,7 +574,7 @@ BENCHMARK(BM_Gemv)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// The decode GEMV (Q4_1, k = 576) over N weight rows that no cache holds,
+// The decode GEMV (type T, k = 576) over N weight rows that no cache holds,
 // against the bare AVX2 sum of the same bytes, alternated in rounds: each
 // call reads the next of the copies of one packed matrix that fill a 2 GiB
 // span, as each read does. Counters: the GEMV's and the reader's GiB/s
@@ -572,25 +585,15 @@ void BM_GemvFar(benchmark::State& state) {
   constexpr int64_t kSpan = int64_t{2} << 30;
   const auto type = static_cast<int32_t>(state.range(0));
   const int64_t n = state.range(1);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  const int64_t row_bytes = cpu::QuantizedRowBytes(type, k);
-  std::vector<float> row(k);
-  std::vector<uint8_t> gguf_rows(n * row_bytes);
-  for (int64_t r = 0; r < n; ++r) {
-    for (float& v : row) v = normal(rng);
-    TANDEM_CHECK_OK(gguf::QuantizeRow(static_cast<gguf::GgmlType>(type), row.data(), &gguf_rows[r * row_bytes], k));
-  }
+  ThreadPool pool(g_threads);
+  const GemvOperands o = RandomGemvOperands(pool, type, n, k);
+  const cpu::QuantizedRows& x = o.x;
   const int64_t packed = cpu::PackedWeightBytes(type, n, k);
   const int64_t slice = (packed + kUnit - 1) / kUnit * kUnit;
   const int64_t slices = std::max<int64_t>(2, kSpan / slice);
   PagedMemory far(slices * slice, /*huge=*/true);
-  cpu::PackWeightRows(type, gguf_rows.data(), n, k, far.data());
+  cpu::PackWeightRows(type, o.gguf_rows.data(), n, k, far.data());
   for (int64_t s = 1; s < slices; ++s) std::memcpy(far.data() + s * slice, far.data(), packed);
-  for (float& v : row) v = normal(rng);
-  ThreadPool pool(g_threads);
-  cpu::QuantizedRows x;
-  cpu::QuantizeRows(pool, row.data(), 1, k, &x);
   std::vector<float> y(n);
   std::vector<int64_t> sums(pool.num_threads());
   const int64_t calls = std::max<int64_t>(16, (int64_t{256} << 20) / slice);

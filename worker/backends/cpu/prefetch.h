@@ -17,15 +17,9 @@
 
 namespace tandem::worker::cpu {
 
-// Asks for the cache line holding p, into every level (T0), or into L2 and
-// the levels below it (T1). Never faults, whatever p is.
-inline void PrefetchT0(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p, 0, 3);
-#endif
-}
+// Asks for the cache line holding p into L2 and the levels below it (T1;
+// T0, into L1 too, lost to it wherever measured: quant_gemm.h and
+// cpu_math.h). Never faults, whatever p is.
 inline void PrefetchT1(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
   asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
