@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <random>
 
@@ -90,6 +91,23 @@ int64_t WorkerServer::KvBytesPerBlock(const WorkerOptions& options) const {
 
 WorkerServer::~WorkerServer() = default;
 
+namespace {
+
+// The host memory the kernel could give us now (MemAvailable), or -1 where
+// /proc/meminfo does not say.
+int64_t HostMemoryAvailable() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+}  // namespace
+
 absl::Status WorkerServer::SizeKvCache(const DeviceMemory* at_start) {
   const int64_t per_block = model_->KvBytesPerBlock(options_.block_size);
   int64_t budget = options_.kv_cache_bytes;
@@ -109,6 +127,16 @@ absl::Status WorkerServer::SizeKvCache(const DeviceMemory* at_start) {
     std::fprintf(stderr, "tandem-worker %d: %s: %s; KV cache %.2f GiB\n", options_.rank,
                  DeviceName(*backend_).c_str(), plan.Describe().c_str(), budget / double(int64_t{1} << 30));
     where = plan.Describe();
+  }
+  if (at_start == nullptr) {
+    // In host memory the cache is made resident at start (CpuBackend::
+    // Allocate): more than the machine has would end in the OOM killer
+    // rather than in a message.
+    const int64_t available = HostMemoryAvailable();
+    if (available >= 0 && budget > available) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is more than this machine's available memory (",
+                                                     available, " bytes, MemAvailable in /proc/meminfo)"));
+    }
   }
   max_kv_blocks_ = static_cast<int32_t>(std::min<int64_t>(budget / per_block, 1 << 24));
   if (max_kv_blocks_ < 2) {

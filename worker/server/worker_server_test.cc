@@ -398,6 +398,18 @@ TEST(WorkerServerRegistrationTest, NamesItsBackendAndDevice) {
   EXPECT_EQ(r.device(), "cpu");
 }
 
+// A CPU worker's cache is resident from the start: a budget beyond the
+// machine's memory is refused with the figures, not left to the OOM killer.
+TEST(WorkerServerRegistrationTest, AKvCacheLargerThanTheMachineIsRefused) {
+  WorkerOptions options = TinyOptions();
+  options.kv_cache_bytes = int64_t{1} << 50;
+  auto server = WorkerServer::Create(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("--kv-cache-memory of 1125899906842624 bytes is more than this machine's available memory"));
+}
+
 // `--backend cuda` on the tiny model is refused whatever the machine: where
 // no device can be had, naming the flag and the cause; on a GPU, because the
 // device's attention has no kernel for the tiny model's 16-wide heads.
